@@ -1,0 +1,118 @@
+"""Text pictures of a plan: one row per node, one cell per accelerator."""
+
+from __future__ import annotations
+
+from controller import ComponentPlacement
+from controller.node_groups import ACCELERATOR, HARDWARE
+from controller.ranks import format_ranks
+
+_HEAD, _TAIL = 16, 4  # nodes shown before and after an elision in large clusters
+
+
+def _cells(cp: ComponentPlacement) -> dict[tuple[int, str], dict[str, list[int]]]:
+    """(node rank, column) -> component -> ranks, in configuration order."""
+    cells: dict[tuple[int, str], dict[str, list[int]]] = {}
+    for name in cp.components:
+        pool = cp.pool(name)
+        for p in cp.placements(name):
+            if pool.kind == ACCELERATOR:
+                cols = [f"{cp.spec.accelerator}{g}" for g in p.local_resource_ranks]
+            elif pool.kind == HARDWARE:
+                cols = [f"{pool.hardware}{u}" for u in p.local_resource_ranks]
+            else:
+                cols = ["node"]
+            for col in cols:
+                cells.setdefault((p.node_rank, col), {}).setdefault(name, []).append(p.rank)
+    return cells
+
+
+def _column_order(cp: ComponentPlacement, cells) -> list[str]:
+    acc = cp.spec.accelerator
+    most_gpus = max((n.num_gpus for n in cp.view.nodes), default=0)
+    cols = [f"{acc}{g}" for g in range(most_gpus)]
+    extra = sorted({c for (_, c) in cells} - set(cols) - {"node"})
+    cols += extra
+    if any(c == "node" for (_, c) in cells):
+        cols.append("node")
+    return cols
+
+
+def render_plan(cp: ComponentPlacement) -> str:
+    """The placement map followed by a per-component summary."""
+    cells = _cells(cp)
+    cols = _column_order(cp, cells)
+    nodes = list(range(cp.view.num_nodes))
+    shown = nodes if len(nodes) <= _HEAD + _TAIL + 1 else nodes[:_HEAD] + nodes[-_TAIL:]
+    texts: dict[tuple[int, str], list[str]] = {}
+    for nr in shown:
+        for col in cols:
+            entry = cells.get((nr, col), {})
+            lines = [f"{name}:{format_ranks(ranks)}" for name, ranks in entry.items()]
+            if not lines:
+                absent = col.startswith(cp.spec.accelerator) and col not in (
+                    f"{cp.spec.accelerator}{g}" for g in range(cp.view.nodes[nr].num_gpus)
+                )
+                lines = [" " if absent else "."]
+            texts[(nr, col)] = lines
+    label_w = max(len(f"node {nr}") for nr in shown) if shown else 4
+    widths = {
+        col: max([len(col)] + [len(t) for nr in shown for t in texts[(nr, col)]]) for col in cols
+    }
+    out = []
+    total = sum(n.num_gpus for n in cp.view.nodes)
+    out.append(
+        f"placectl plan: {cp.view.num_nodes} node(s), {total} {cp.spec.accelerator}, "
+        f"{len(cp.components)} component(s)"
+    )
+    out.append("")
+    out.append(" " * label_w + "  " + "  ".join(col.ljust(widths[col]) for col in cols).rstrip())
+    for i, nr in enumerate(shown):
+        if i == _HEAD and len(shown) < len(nodes):
+            out.append(f"... {len(nodes) - len(shown)} more nodes ...")
+        height = max(len(texts[(nr, col)]) for col in cols) if cols else 1
+        for line in range(height):
+            label = f"node {nr}" if line == 0 else ""
+            row = [
+                (texts[(nr, col)][line] if line < len(texts[(nr, col)]) else "").ljust(widths[col])
+                for col in cols
+            ]
+            out.append(label.ljust(label_w) + "  " + "  ".join(row).rstrip())
+    out.append("")
+    out.extend(render_summary(cp))
+    return "\n".join(out)
+
+
+def _span(values: list) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}"
+
+
+def render_summary(cp: ComponentPlacement) -> list[str]:
+    """One line per component: world size, nodes, processes per resource, share."""
+    header = ["component", "group", "world", "nodes", "procs/res", "res/proc", "share", "isolate"]
+    rows = [header]
+    for name in cp.components:
+        pool = cp.pool(name)
+        ps = cp.placements(name)
+        spec = cp.spec.component(name)
+        per_res: dict[int, int] = {}
+        for p in ps:
+            for r in p.resource_ranks:
+                per_res[r] = per_res.get(r, 0) + 1
+        res_name = {ACCELERATOR: cp.spec.accelerator, HARDWARE: pool.hardware}.get(
+            pool.kind, "node"
+        )
+        rows.append(
+            [
+                name,
+                ",".join(spec.node_groups),
+                str(len(ps)),
+                format_ranks(sorted({p.node_rank for p in ps})),
+                f"{_span(list(per_res.values()))}/{res_name}",
+                f"{_span([len(p.resource_ranks) for p in ps])} {res_name}",
+                _span([p.accelerator_share for p in ps]) if pool.kind == ACCELERATOR else "-",
+                ("yes" if spec.isolate else "no") if pool.kind == ACCELERATOR else "-",
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]

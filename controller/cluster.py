@@ -1,0 +1,137 @@
+"""What the planner knows about a cluster: its nodes, in node-rank order."""
+
+from __future__ import annotations
+
+import msgspec
+
+from controller.errors import PlacementError
+
+NODE_RANK_LABEL = "placectl.io/node-rank"
+
+
+class NodeView(msgspec.Struct, kw_only=True, frozen=True):
+    """One node as the planner sees it.
+
+    Attributes:
+        num_gpus: accelerators on the node (of the cluster's accelerator resource).
+        resources: custom Ray resources, e.g. ``{"franka": 2}`` for two robot arms.
+        labels: node labels, e.g. ``{"rack": "b"}``.
+        node_id: Ray node id (hex); empty in a dry run.
+        ip: node IP address; empty in a dry run.
+        is_head: whether this is the Ray head node.
+    """
+
+    num_gpus: int = 0
+    resources: dict[str, float] = {}
+    labels: dict[str, str] = {}
+    node_id: str = ""
+    ip: str = ""
+    is_head: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_gpus, bool) or not isinstance(self.num_gpus, int):
+            raise PlacementError(
+                f"NodeView num_gpus {self.num_gpus!r}: expected a non-negative int"
+            )
+        if self.num_gpus < 0:
+            raise PlacementError(f"NodeView num_gpus {self.num_gpus}: must be >= 0")
+        for name, amount in self.resources.items():
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+                raise PlacementError(
+                    f"NodeView resource {name!r}={amount!r}: expected a non-negative number"
+                )
+
+    def units(self, resource: str) -> int:
+        """Whole units of a custom resource on this node (name matched case-insensitively)."""
+        amount = self.resources.get(resource)
+        if amount is None:
+            folded = resource.lower()
+            amount = next((v for k, v in self.resources.items() if k.lower() == folded), 0)
+        return int(amount)
+
+
+class ClusterView(msgspec.Struct, kw_only=True, frozen=True):
+    """The nodes of a cluster; a node's rank is its position in ``nodes``."""
+
+    nodes: list[NodeView]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.nodes, list) or not all(isinstance(n, NodeView) for n in self.nodes):
+            raise PlacementError("ClusterView nodes: expected a list of NodeView")
+
+    @classmethod
+    def uniform(cls, num_nodes: int, gpus_per_node: int, **node_fields) -> ClusterView:
+        """A cluster of ``num_nodes`` identical nodes with ``gpus_per_node`` accelerators."""
+        for name, value in (("num_nodes", num_nodes), ("gpus_per_node", gpus_per_node)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise PlacementError(f"{name} {value!r}: expected an int >= 0")
+        node = NodeView(num_gpus=gpus_per_node, **node_fields)
+        return cls(nodes=[node] * num_nodes)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+
+def _ip_key(ip: str) -> tuple:
+    parts = ip.split(".")
+    if len(parts) == 4 and all(p.isdigit() for p in parts):
+        return (0, tuple(int(p) for p in parts))
+    return (1, ip)
+
+
+def order_nodes(nodes: list[NodeView]) -> list[NodeView]:
+    """Sort nodes into node-rank order.
+
+    If every node carries the ``placectl.io/node-rank`` label, that order; otherwise the
+    head node first, then by numeric IP, then by node id (raylets sharing one host).
+    The order depends only on the nodes, never on the order Ray listed them in.
+    """
+    labelled = [n.labels.get(NODE_RANK_LABEL) for n in nodes]
+    if nodes and all(v is not None and v.strip().isdigit() for v in labelled):
+        return sorted(nodes, key=lambda n: (int(n.labels[NODE_RANK_LABEL]), n.node_id))
+    return sorted(nodes, key=lambda n: (not n.is_head, _ip_key(n.ip), n.node_id))
+
+
+class _NodeEntry(msgspec.Struct, forbid_unknown_fields=True):
+    num_gpus: int = 0
+    resources: dict[str, float] = {}
+    labels: dict[str, str] = {}
+    node_id: str = ""
+    ip: str = ""
+    is_head: bool = False
+    count: int = 1
+
+
+def load_cluster_view(source) -> ClusterView:
+    """Read a cluster description: a list of nodes, or ``{nodes: [...]}``.
+
+    Each node takes ``num_gpus``, ``resources``, ``labels``, ``node_id``, ``ip``,
+    ``is_head`` and ``count`` (that many identical nodes). Node rank = position.
+
+    Raises:
+        PlacementError: unreadable input or a malformed node; the message names it.
+    """
+    from controller.spec import convert, read_document
+
+    data = read_document(source)
+    if isinstance(data, dict) and "nodes" in data:
+        data = data["nodes"]
+    entries = convert(data, list[_NodeEntry], "nodes")
+    nodes: list[NodeView] = []
+    for i, e in enumerate(entries):
+        if e.count < 0:
+            raise PlacementError(f"nodes[{i}].count {e.count}: must be >= 0")
+        try:
+            node = NodeView(
+                num_gpus=e.num_gpus,
+                resources=e.resources,
+                labels=e.labels,
+                node_id=e.node_id,
+                ip=e.ip,
+                is_head=e.is_head,
+            )
+        except PlacementError as err:
+            raise PlacementError(f"nodes[{i}]: {err}") from None
+        nodes.extend([node] * e.count)
+    return ClusterView(nodes=nodes)

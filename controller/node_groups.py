@@ -1,0 +1,165 @@
+"""Node groups resolved against a cluster: the ranked resources a component may use.
+
+What a resource is, for the selected group(s): the group's hardware units if it declares
+hardware; else its accelerators if its nodes have any; else its nodes. Ranks count across
+the group's nodes in node-rank order and across several groups in the listed order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from controller.cluster import ClusterView
+from controller.errors import PlacementError
+from controller.spec import NodeGroup
+
+ACCELERATOR, HARDWARE, NODE = "accelerator", "hardware", "node"
+
+
+class ResourcePool(msgspec.Struct, frozen=True):
+    """Ranked resources of one or several node groups.
+
+    Unit ``i`` (its resource rank) lives on cluster node ``unit_node[i]`` at node-local
+    index ``unit_local[i]`` (-1 for a node resource) and belongs to ``unit_group[i]``.
+    """
+
+    kind: str
+    labels: list[str]
+    unit_node: list[int]
+    unit_local: list[int]
+    unit_group: list[str]
+    hardware: str | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.unit_node)
+
+    def noun(self) -> str:
+        if self.kind == HARDWARE:
+            return f"{self.hardware} units"
+        return "accelerators" if self.kind == ACCELERATOR else "nodes"
+
+    def describe(self) -> str:
+        """E.g. ``node group 'a800' has 16 accelerators (0-15)``."""
+        names = ", ".join(repr(label) for label in self.labels)
+        group = f"node group {names}" if len(self.labels) == 1 else f"node groups {names}"
+        span = f" (0-{self.size - 1})" if self.size else ""
+        return f"{group} has {self.size} {self.noun()}{span}"
+
+
+def resolve_floating(group: NodeGroup, view: ClusterView) -> list[int]:
+    """Node ranks of a floating group: the first ``count`` nodes whose labels match."""
+    if group.selector is None:
+        raise PlacementError(f"node group {group.label!r} is not a floating group")
+    matches = [
+        rank
+        for rank, node in enumerate(view.nodes)
+        if all(node.labels.get(k) == v for k, v in group.selector.items())
+    ]
+    if len(matches) < group.count:
+        raise PlacementError(
+            f"node group {group.label!r} needs {group.count} nodes matching "
+            f"{group.selector}, the cluster has {len(matches)}"
+        )
+    return matches[: group.count]
+
+
+def group_node_ranks(
+    group: NodeGroup,
+    view: ClusterView,
+    num_nodes: int,
+    floating: dict[str, list[int]] | None = None,
+) -> list[int]:
+    """Cluster node ranks of a group, checked against the view."""
+    if group.floating:
+        if floating and group.label in floating:
+            ranks = list(floating[group.label])
+        else:
+            ranks = resolve_floating(group, view)
+    elif group.node_ranks is None:
+        ranks = list(range(num_nodes))
+    else:
+        ranks = group.node_ranks
+    for r in ranks:
+        if not 0 <= r < view.num_nodes:
+            raise PlacementError(
+                f"node group {group.label!r} uses node rank {r}, but the cluster has "
+                f"{view.num_nodes} nodes (0-{view.num_nodes - 1})"
+            )
+    return ranks
+
+
+def resolve_pool(
+    groups: Sequence[NodeGroup],
+    view: ClusterView,
+    num_nodes: int | None = None,
+    floating: dict[str, list[int]] | None = None,
+) -> ResourcePool:
+    """Rank the resources of ``groups`` (in the listed order) on ``view``.
+
+    Args:
+        groups: the selected node groups.
+        view: the cluster.
+        num_nodes: how many nodes the reserved groups span; default all of the view.
+        floating: node ranks already chosen for floating groups, by label.
+
+    Raises:
+        PlacementError: groups that hold different kinds of resource, that share a
+            node, or that name nodes the cluster does not have.
+    """
+    num_nodes = view.num_nodes if num_nodes is None else num_nodes
+    unit_node: list[int] = []
+    unit_local: list[int] = []
+    unit_group: list[str] = []
+    kinds: list[tuple[str, str | None]] = []
+    owner: dict[int, str] = {}
+    for group in groups:
+        ranks = group_node_ranks(group, view, num_nodes, floating)
+        for r in ranks:
+            if r in owner:
+                raise PlacementError(
+                    f"node groups {owner[r]!r} and {group.label!r} both contain node {r}; "
+                    "a component's groups must not overlap"
+                )
+            owner[r] = group.label
+        if group.nodes_only:
+            kind = NODE
+        elif group.hardware is not None:
+            kind = HARDWARE
+        elif not any(view.nodes[r].num_gpus for r in ranks):
+            kind = NODE
+        else:
+            kind = ACCELERATOR
+        kinds.append((kind, group.hardware))
+        for r in ranks:
+            if kind == NODE:
+                count = 1
+            elif kind == ACCELERATOR:
+                count = view.nodes[r].num_gpus
+            elif group.hardware_units is not None:
+                count = group.hardware_units.get(r, 0)
+            else:
+                count = view.nodes[r].units(group.hardware)
+            unit_node.extend([r] * count)
+            unit_local.extend(range(count) if kind != NODE else [-1])
+            unit_group.extend([group.label] * count)
+    if len(set(kinds)) > 1:
+        described = ", ".join(
+            f"{g.label!r} ({k if k != HARDWARE else hw})"
+            for g, (k, hw) in zip(groups, kinds, strict=True)
+        )
+        raise PlacementError(
+            f"node groups {described} hold different kinds of resource; the groups of "
+            "one component must all hold accelerators, all the same hardware, or all nodes"
+        )
+    kind, hardware = kinds[0] if kinds else (NODE, None)
+    return ResourcePool(
+        kind=kind,
+        labels=[g.label for g in groups],
+        unit_node=unit_node,
+        unit_local=unit_local,
+        unit_group=unit_group,
+        hardware=hardware,
+    )

@@ -1,0 +1,131 @@
+"""The ``Placement`` record and the one function that turns resource choices into them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from controller.cluster import ClusterView
+from controller.node_groups import ACCELERATOR, HARDWARE, ResourcePool
+
+
+class Placement(msgspec.Struct, kw_only=True, frozen=True, gc=False):
+    """Where one process of a component runs.
+
+    Attributes:
+        rank: the process's rank within its component.
+        world_size: processes in the component.
+        component: the component's name ("" from a bare strategy).
+        node_group: label of the node group that holds its resources.
+        node_rank: cluster node rank.
+        node_id, node_ip: the node's Ray id and address (empty in a dry run).
+        placement_node_rank: index of the node among the component's nodes, numbered
+            in the order their lowest process rank appears; exported as NODE_RANK.
+        resource_ranks: group-level resource ranks the process holds.
+        local_resource_ranks: their node-local indices (empty for node resources).
+        local_gpu_id: the first accelerator's node-local index, -1 if none.
+        cuda_visible_devices: what the visible-devices variable will hold.
+        isolate_gpu: whether the process sees only its own accelerators.
+        local_rank, local_world_size: rank and count among the component's processes on
+            the node (with ``isolate_gpu=False``, LOCAL_RANK indexes the process's first
+            accelerator within ``cuda_visible_devices``).
+        accelerator_share: fraction of its first accelerator the process requests
+            (0.0 when it holds none).
+    """
+
+    rank: int
+    world_size: int
+    component: str
+    node_group: str
+    node_rank: int
+    node_id: str
+    node_ip: str
+    placement_node_rank: int
+    resource_ranks: list[int]
+    local_resource_ranks: list[int]
+    local_gpu_id: int
+    cuda_visible_devices: list[int]
+    isolate_gpu: bool
+    local_rank: int
+    local_world_size: int
+    accelerator_share: float = 0.0
+
+
+def build_placements(
+    pool: ResourcePool,
+    view: ClusterView,
+    procs: Sequence[Sequence[int]],
+    *,
+    component: str = "",
+    isolate: bool = True,
+    shares: Sequence[float] | None = None,
+) -> list[Placement]:
+    """Placements for processes whose resources are ``procs[rank]`` (unit ids of ``pool``).
+
+    Every process's units must lie on one node; callers check that and say which
+    input broke it.
+    """
+    unit_node, unit_local, unit_group = pool.unit_node, pool.unit_local, pool.unit_group
+    accel = pool.kind == ACCELERATOR
+    node_of = [unit_node[units[0]] for units in procs]
+    order: dict[int, int] = {}
+    counts: dict[int, int] = {}
+    for nr in node_of:
+        if nr not in order:
+            order[nr] = len(order)
+            counts[nr] = 0
+        counts[nr] += 1
+
+    visible: dict[int, list[int]] = {}
+    index_in_visible: dict[int, dict[int, int]] = {}
+    if accel and not isolate:
+        held: dict[int, set[int]] = {}
+        for units, nr in zip(procs, node_of, strict=True):
+            held.setdefault(nr, set()).update(unit_local[u] for u in units)
+        for nr, locals_ in held.items():
+            visible[nr] = sorted(locals_)
+            index_in_visible[nr] = {g: i for i, g in enumerate(visible[nr])}
+
+    seen: dict[int, int] = dict.fromkeys(order, 0)
+    world = len(procs)
+    nodes = view.nodes
+    out: list[Placement] = []
+    append = out.append
+    for rank, units in enumerate(procs):
+        nr = node_of[rank]
+        local_index = seen[nr]
+        seen[nr] = local_index + 1
+        node = nodes[nr]
+        if accel:
+            local = [unit_local[u] for u in units]
+            gpu = local[0]
+            if isolate:
+                cvd, local_rank = local, local_index
+            else:
+                cvd, local_rank = visible[nr], index_in_visible[nr][gpu]
+            share = shares[rank] if shares is not None else 1.0
+        else:
+            local = [unit_local[u] for u in units] if pool.kind == HARDWARE else []
+            gpu, cvd, local_rank, share = -1, [], local_index, 0.0
+        append(
+            Placement(
+                rank=rank,
+                world_size=world,
+                component=component,
+                node_group=unit_group[units[0]],
+                node_rank=nr,
+                node_id=node.node_id,
+                node_ip=node.ip,
+                placement_node_rank=order[nr],
+                resource_ranks=list(units),
+                local_resource_ranks=local,
+                local_gpu_id=gpu,
+                cuda_visible_devices=cvd,
+                isolate_gpu=isolate,
+                local_rank=local_rank,
+                local_world_size=counts[nr],
+                accelerator_share=share,
+            )
+        )
+    return out

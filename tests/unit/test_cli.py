@@ -1,0 +1,162 @@
+"""``placectl plan``: the dry run a person reads, its JSON, and its one-line errors."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from clients.cli import main
+
+EXAMPLES = pathlib.Path(__file__).parents[2] / "scripts" / "examples"
+
+
+def run(capsys, *argv):
+    code = 0
+    try:
+        main(list(argv))
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_picture_rows_cells_and_summary(capsys):
+    code, out, err = run(
+        capsys, "plan", str(EXAMPLES / "colocated.yaml"), "--nodes", "2", "--gpus-per-node", "8"
+    )
+    assert code == 0, err
+    lines = out.splitlines()
+    header = next(line for line in lines if line.strip().startswith("GPU0"))
+    assert header.split() == [f"GPU{g}" for g in range(8)]
+    node0 = lines.index(next(line for line in lines if line.startswith("node 0")))
+    # colocated processes stand together in one cell: actor, rollout, engine on GPU0
+    assert lines[node0].split()[2] == "actor:0"
+    assert lines[node0 + 1].split()[0] == "rollout:0"
+    assert lines[node0 + 2].split()[:2] == ["engine:0", "engine:0"]
+    summary = {
+        line.split()[0]: line.split() for line in lines if line.startswith(("actor", "engine"))
+    }
+    assert summary["actor"][1:5] == ["cluster", "16", "0-1", "1/GPU"]
+    assert summary["engine"][2] == "8" and summary["engine"][5:7] == ["2", "GPU"]
+    assert summary["engine"][7] == "0.2"
+
+
+def test_plan_json_matches_the_python_api(capsys):
+    code, out, _ = run(
+        capsys, "plan", str(EXAMPLES / "disaggregated.yaml"), "--gpus-per-node", "8", "--json"
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert list(data) == ["components"]
+    assert list(data["components"]) == ["actor", "rollout", "reward"]
+    rollout = data["components"]["rollout"]
+    assert [p["cuda_visible_devices"] for p in rollout] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert {p["node_rank"] for p in rollout} == {1}
+    assert set(rollout[0]) >= {
+        "rank",
+        "world_size",
+        "component",
+        "node_group",
+        "node_rank",
+        "node_id",
+        "node_ip",
+        "placement_node_rank",
+        "resource_ranks",
+        "local_resource_ranks",
+        "local_gpu_id",
+        "cuda_visible_devices",
+        "isolate_gpu",
+        "local_rank",
+        "local_world_size",
+    }
+
+
+def test_plan_heterogeneous_cluster_file(capsys):
+    code, out, err = run(
+        capsys,
+        "plan",
+        str(EXAMPLES / "hetero_robot.yaml"),
+        "--cluster",
+        str(EXAMPLES / "hetero_nodes.yaml"),
+    )
+    assert code == 0, err
+    assert "franka0" in out and "env:0-1" in out and "env:2-3" in out
+
+
+def test_plan_large_cluster_elides_middle_nodes(capsys):
+    conf = "cluster: {num_nodes: 64, component_placement: {actor: all}}"
+    code, out, _ = run(capsys, "plan", conf, "--gpus-per-node", "8")
+    assert code == 0
+    assert "... 44 more nodes ..." in out
+    assert "node 63" in out and "node 20" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["plan", "/nope.yaml", "--nodes", "1", "--gpus-per-node", "8"],
+            "cannot read configuration",
+        ),
+        (
+            [
+                "plan",
+                "cluster: {num_nodes: 1, component_placement: {a: 0-8}}",
+                "--gpus-per-node",
+                "8",
+            ],
+            "resource rank 8 in '0-8' is out of range (0-7)",
+        ),
+        (
+            [
+                "plan",
+                "cluster: {num_nodes: 2, component_placement: {a: 0}}",
+                "--nodes",
+                "1",
+                "--gpus-per-node",
+                "8",
+            ],
+            "cluster.num_nodes is 2, but the cluster has 1 node",
+        ),
+        (
+            ["plan", "cluster: {num_nodes: 1, component_placement: {a: 0}}"],
+            "--gpus-per-node is required",
+        ),
+        (
+            [
+                "plan",
+                "cluster: {num_nodes: 1, component_placement: {a: 0}}",
+                "--gpus-per-node",
+                "x",
+            ],
+            "'x' is not a valid integer",
+        ),
+        (["plan"], "Missing argument 'CONFIG'"),
+        (["bogus"], "No such command 'bogus'"),
+    ],
+)
+def test_errors_are_one_line_exit_2(capsys, argv, message):
+    code, _out, err = run(capsys, *argv)
+    assert code == 2
+    assert err.startswith("placectl: error: ")
+    assert message in err
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+def test_console_script_end_to_end(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster:\n  num_nodes: 1\n  component_placement:\n    a: 4-5,0-1\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "clients.cli", "plan", str(bad), "--gpus-per-node", "8"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().endswith(
+        "segments must be in ascending resource order, but '0-1' follows '4-5'"
+    )
+    assert proc.stderr.count("\n") == 1
