@@ -1,5 +1,25 @@
-"""What drivers and workers import: the ``placectl`` CLI and, from the cluster-side
-issues on, attaching to the controller, reservations and worker groups.
+"""What drivers and workers import: attach to the controller, reserve, launch workers.
 
-Importing this package does not import Ray.
+Importing this package does not import Ray; the names below load on first use.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "connect": "clients.session",
+    "Controller": "clients.session",
+    "Reservation": "clients.session",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'clients' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

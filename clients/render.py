@@ -116,3 +116,60 @@ def render_summary(cp: ComponentPlacement) -> list[str]:
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def render_reservation(info, assignments: dict[str, list]) -> str:
+    """A reserved job's map: one row per node slot (with its IP), one cell per physical
+    accelerator id listing the ``component:ranks`` on it."""
+    acc = info.accelerator
+    slots = {s.node_rank: s for s in info.slots}
+    cells: dict[tuple[int, str], dict[str, list[int]]] = {}
+    for name, items in assignments.items():
+        for a in items:
+            p = a.placement
+            if p.local_gpu_id >= 0:
+                to_phys = slots[p.node_rank].local_to_physical
+                cols = [f"{acc}{to_phys[g]}" for g in p.local_resource_ranks]
+            elif a.resources:
+                cols = [f"{k}{p.local_resource_ranks[0]}" for k in a.resources]
+            else:
+                cols = ["node"]
+            for col in cols:
+                cells.setdefault((p.node_rank, col), {}).setdefault(name, []).append(p.rank)
+    out = [
+        f"{info.job}: {info.state}, epoch {info.epoch}, {len(info.slots)} node slot(s), "
+        f"{info.num_accelerators} {acc}" + (f" ({info.reason})" if info.reason else "")
+    ]
+    for nr in sorted(slots):
+        slot = slots[nr]
+        out.append(f"node {nr}  {slot.node_ip}  {slot.node_id[:12]}  group {slot.group_id}")
+        cols = sorted({c for (r, c) in cells if r == nr}, key=lambda c: (len(c), c))
+        for col in cols:
+            entry = cells[(nr, col)]
+            text = "  ".join(f"{name}:{format_ranks(ranks)}" for name, ranks in entry.items())
+            out.append(f"    {col:<8} {text}")
+    return "\n".join(out)
+
+
+def render_reservations(infos) -> str:
+    """One line per reservation."""
+    if not infos:
+        return "no reservations"
+    rows = [["JOB", "STATE", "EPOCH", "NODES", "ACCEL", "COMPONENTS", "REASON"]]
+    for i in infos:
+        comps = ",".join(f"{n}x{w}" for n, w in i.components.items())
+        rows.append(
+            [
+                i.job,
+                i.state,
+                str(i.epoch),
+                str(len(i.slots)),
+                str(i.num_accelerators),
+                comps,
+                i.reason[:60],
+            ]
+        )
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )

@@ -163,3 +163,38 @@ def resolve_pool(
         unit_group=unit_group,
         hardware=hardware,
     )
+
+
+def choose_floating(
+    groups: Sequence[NodeGroup],
+    view: ClusterView,
+    free: dict[str, dict[str, float]],
+    accelerator: str,
+) -> dict[str, list[int]]:
+    """Nodes for each floating group: matching nodes with the most free resources.
+
+    Among the nodes whose labels match the selector, those with more free accelerators
+    (or free units of the group's hardware) come first; ties go to the lower node rank.
+    The chosen ranks are returned in node-rank order.
+    """
+    chosen: dict[str, list[int]] = {}
+    taken: set[int] = set()
+    for group in groups:
+        if not group.floating:
+            continue
+        resource = group.hardware or accelerator
+        candidates = [
+            r
+            for r, node in enumerate(view.nodes)
+            if r not in taken
+            and all(node.labels.get(k) == v for k, v in (group.selector or {}).items())
+        ]
+        candidates.sort(key=lambda r: (-free.get(view.nodes[r].node_id, {}).get(resource, 0), r))
+        if len(candidates) < group.count:
+            raise PlacementError(
+                f"node group {group.label!r} needs {group.count} nodes matching "
+                f"{group.selector}, the cluster has {len(candidates)} free"
+            )
+        chosen[group.label] = sorted(candidates[: group.count])
+        taken.update(chosen[group.label])
+    return chosen

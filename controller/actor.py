@@ -1,0 +1,420 @@
+"""The placement controller: one named, detached Ray actor per cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import time
+from typing import Any
+
+import msgspec
+from ray.experimental import internal_kv
+from ray.util.placement_group import placement_group_table
+
+from controller import groups as groups_io
+from controller import raylib
+from controller.components import ComponentPlacement
+from controller.environment import worker_env
+from controller.errors import PlacementError
+from controller.metrics import ControllerMetrics
+from controller.node_groups import choose_floating
+from controller.reservations import (
+    DEGRADED,
+    GROUP_PREFIX,
+    PENDING,
+    READY,
+    RELEASING,
+    Reservation,
+    ReservationConflict,
+    ReservationError,
+    ReservationTimeout,
+    Table,
+    UnknownReservation,
+    build_assignments,
+    check_job,
+    decode_table,
+    describe_difference,
+    encode_table,
+    plan_slots,
+)
+from controller.spec import ClusterSpec, load_spec
+from controller.status import summarize
+
+log = logging.getLogger("placectl.controller")
+
+TABLE_KEY = b"reservations"
+MAX_TIMEOUT_S = 86_400.0
+RECONCILE_PERIOD_S = 1.0
+FAULT_STEPS = frozenset(
+    {
+        "after_plan",
+        "after_create",
+        "after_ready",
+        "after_probe",
+        "after_write",
+        "release_after_mark",
+    }
+)
+
+
+def _coerce_spec(spec: Any) -> ClusterSpec:
+    if isinstance(spec, ClusterSpec):
+        # Re-validate the types of a record that came over the wire.
+        try:
+            return msgspec.convert(msgspec.to_builtins(spec), ClusterSpec)
+        except (msgspec.ValidationError, TypeError) as e:
+            raise ReservationError(f"malformed ClusterSpec: {e}") from None
+    return load_spec(spec)
+
+
+def _check_timeout(timeout_s: Any) -> float:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+        raise ReservationError(f"timeout_s {timeout_s!r}: expected a number of seconds")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise ReservationError(f"timeout_s {timeout_s}: must be in (0, {MAX_TIMEOUT_S:g}]")
+    return float(timeout_s)
+
+
+class PlacementController:
+    """Owns every placectl reservation of a cluster.
+
+    Fault-tolerance contract:
+
+    * Every mutating call (``reserve``, ``release``) writes the reservation table to the
+      GCS key-value store before it returns, and every one is idempotent: reserving a
+      job again with the same specification returns the existing reservation, releasing
+      an absent job does nothing. A client may therefore retry any call after a
+      controller restart; Ray does so itself for calls in flight (``max_task_retries=-1``).
+    * Placement groups are detached and remembered by id: they outlive drivers and the
+      controller. Workers belong to the drivers that launched them, so a controller
+      restart never stops training.
+    * On start the controller reloads the table and checks every group. A reservation
+      whose ``reserve`` or ``release`` was cut short is rolled back (its groups removed,
+      the record dropped; a retried ``reserve`` builds it anew). Orphans, groups with this
+      controller's name prefix that no kept reservation references (left by a crash
+      between creating a group and recording it), are removed.
+    * A reconcile loop marks a reservation degraded within about a second of one of its
+      nodes dying or one of its groups leaving CREATED, and ready again when that clears.
+    """
+
+    def __init__(self, name: str = "placectl") -> None:
+        self._name = name
+        self._prefix = f"{GROUP_PREFIX}{name}:"
+        self._kv_ns = f"placectl:{name}"
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._progress: dict[str, str] = {}
+        self._plans: dict[str, ComponentPlacement] = {}
+        self._encoded: dict[tuple[str, int], dict[str, bytes]] = {}
+        self._fault: str | None = None
+        self._loop_task: asyncio.Task | None = None
+        self._metrics = ControllerMetrics()
+        self._table = self._load()
+        self._recover()
+
+    # ------------------------------------------------------------ persistence
+    def _load(self) -> Table:
+        data = internal_kv._internal_kv_get(TABLE_KEY, namespace=self._kv_ns)
+        try:
+            return decode_table(data)
+        except (ReservationError, msgspec.DecodeError, msgspec.ValidationError) as e:
+            # Keep the unreadable bytes for a human, start empty rather than crash-loop.
+            internal_kv._internal_kv_put(TABLE_KEY + b".unreadable", data, namespace=self._kv_ns)
+            log.error(
+                "reservation table unreadable (%s); kept as %r", e, TABLE_KEY + b".unreadable"
+            )
+            return Table()
+
+    def _save(self) -> None:
+        internal_kv._internal_kv_put(
+            TABLE_KEY, encode_table(self._table), overwrite=True, namespace=self._kv_ns
+        )
+        self._metrics.observe(self._table.reservations)
+
+    def _crash_point(self, step: str) -> None:
+        if self._fault == step:
+            log.warning("test fault injected at %s: exiting", step)
+            os._exit(1)
+
+    # ------------------------------------------------------------ recovery
+    def _recover(self) -> None:
+        groups = placement_group_table()
+        alive = groups_io.alive_node_ids()
+        keep: set[str] = set()
+        for job, res in list(self._table.reservations.items()):
+            if res.state in (PENDING, RELEASING):
+                log.warning("rolling back %s reservation %r cut short by a restart", res.state, job)
+                groups_io.remove(res, groups)
+                del self._table.reservations[job]
+                continue
+            problems = groups_io.problems(res, groups, alive)
+            res.state, res.reason = (DEGRADED, "; ".join(problems)) if problems else (READY, "")
+            keep |= {s.group_id for s in res.slots}
+        orphans = {
+            gid
+            for gid, info in groups.items()
+            if (info.get("name") or "").startswith(self._prefix)
+            and info["state"] != "REMOVED"
+            and gid not in keep
+        }
+        if orphans:
+            log.warning("removing %d orphaned placement groups: %s", len(orphans), orphans)
+            groups_io.remove_ids(orphans, groups)
+        self._save()
+
+    # ------------------------------------------------------------ reconcile loop
+    def _ensure_loop(self) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(self._reconcile_forever())
+
+    async def _reconcile_forever(self) -> None:
+        while True:
+            await asyncio.sleep(RECONCILE_PERIOD_S)
+            try:
+                self.reconcile_once()
+            except Exception:
+                log.exception("reconcile failed; will try again")
+
+    def reconcile_once(self) -> int:
+        """Check every settled reservation against Ray; returns how many changed state."""
+        settled = [r for r in self._table.reservations.values() if r.state in (READY, DEGRADED)]
+        if not settled:
+            return 0
+        groups = placement_group_table()
+        alive = groups_io.alive_node_ids()
+        changed = 0
+        for res in settled:
+            problems = groups_io.problems(res, groups, alive)
+            state, reason = (DEGRADED, "; ".join(problems)) if problems else (READY, "")
+            if (state, reason) != (res.state, res.reason):
+                log.warning("reservation %r is now %s %s", res.job, state, reason)
+                res.state, res.reason = state, reason
+                changed += 1
+        if changed:
+            self._save()
+        return changed
+
+    # ------------------------------------------------------------ reserve
+    def _lock(self, job: str) -> asyncio.Lock:
+        return self._locks.setdefault(job, asyncio.Lock())
+
+    def _say(self, job: str, message: str) -> None:
+        self._progress[job] = message
+
+    async def _wait_for_nodes(self, job: str, spec: ClusterSpec, deadline: float):
+        last_log = 0.0
+        while True:
+            view = raylib.live_view(spec.accelerator)
+            if view.num_nodes >= spec.num_nodes:
+                return view
+            message = f"waiting for nodes: {view.num_nodes} of {spec.num_nodes} alive"
+            self._say(job, message)
+            if time.monotonic() - last_log > groups_io.PROGRESS_LOG_PERIOD_S:
+                log.info("%s: %s", job, message)
+                last_log = time.monotonic()
+            if time.monotonic() >= deadline:
+                raise ReservationTimeout(
+                    f"reservation {job!r} timed out: the cluster has {view.num_nodes} alive "
+                    f"nodes, the configuration needs num_nodes={spec.num_nodes}"
+                )
+            await asyncio.sleep(0.5)
+
+    async def reserve(
+        self, job: str, spec: Any, timeout_s: float = 300.0, replace: bool = False
+    ) -> bytes:
+        """Reserve the resources of ``spec`` for ``job``; returns the encoded status.
+
+        Same job and same spec returns the existing reservation without creating
+        anything; a different spec is a :class:`ReservationConflict` unless ``replace``.
+        On timeout every group made for the attempt is removed.
+        """
+        self._ensure_loop()
+        job = check_job(job)
+        spec = _coerce_spec(spec)
+        timeout = _check_timeout(timeout_s)
+        if not isinstance(replace, bool):
+            raise ReservationError(f"replace {replace!r}: expected True or False")
+        async with self._lock(job):
+            started = time.monotonic()
+            existing = self._table.reservations.get(job)
+            if existing is not None:
+                if existing.spec == spec:
+                    return self._status_bytes(existing)
+                if not replace:
+                    raise ReservationConflict(
+                        f"job {job!r} is already reserved with a different configuration "
+                        f"({describe_difference(existing.spec, spec)}); release it first or "
+                        "pass replace=True"
+                    )
+                await self._release_locked(job)
+            res = await self._create(job, spec, started + timeout)
+            self._metrics.latency.observe(time.monotonic() - started)
+            return self._status_bytes(res)
+
+    async def _create(self, job: str, spec: ClusterSpec, deadline: float) -> Reservation:
+        view = await self._wait_for_nodes(job, spec, deadline)
+        floating_groups = [g for g in spec.node_groups if g.floating]
+        floating = (
+            choose_floating(floating_groups, view, raylib.free_resources(), spec.accelerator)
+            if floating_groups
+            else {}
+        )
+        cp = ComponentPlacement(spec, view, floating)
+        self._crash_point("after_plan")
+        prefix = f"{self._prefix}{job}:{secrets.token_hex(3)}:"
+        res = Reservation(
+            job=job,
+            spec=spec,
+            view=view,
+            floating=floating,
+            slots=plan_slots(cp, prefix),
+            state=PENDING,
+            created_at=time.time(),
+        )
+        self._table.reservations[job] = res
+        self._save()
+        try:
+            handles = groups_io.create(res)
+            self._crash_point("after_create")
+            await groups_io.wait_ready(res, handles, deadline, lambda m: self._say(job, m))
+            self._crash_point("after_ready")
+            self._say(job, "probing accelerator ids")
+            await groups_io.probe(res, deadline)
+            self._crash_point("after_probe")
+            self._plans[job] = cp
+            self._encode_assignments(res)  # node-group env clashes surface here
+        except BaseException:
+            groups_io.remove(res)
+            self._table.reservations.pop(job, None)
+            self._plans.pop(job, None)
+            self._progress.pop(job, None)
+            self._save()
+            raise
+        res.state = READY
+        self._save()
+        self._progress.pop(job, None)
+        self._crash_point("after_write")
+        log.info(
+            "reserved %r: %d node slots, %d accelerators", job, len(res.slots), res.accelerators()
+        )
+        return res
+
+    # ------------------------------------------------------------ lookups
+    def _get(self, job: str) -> Reservation:
+        check_job(job)
+        res = self._table.reservations.get(job)
+        if res is None:
+            known = ", ".join(sorted(self._table.reservations)) or "none"
+            raise UnknownReservation(f"no reservation named {job!r} (reserved: {known})")
+        return res
+
+    def _plan(self, res: Reservation) -> ComponentPlacement:
+        cp = self._plans.get(res.job)
+        if cp is None:
+            cp = self._plans[res.job] = ComponentPlacement(res.spec, res.view, res.floating)
+        return cp
+
+    def _encode_assignments(self, res: Reservation) -> dict[str, bytes]:
+        key = (res.job, res.epoch)
+        cached = self._encoded.get(key)
+        if cached is not None:
+            return cached
+        cp = self._plan(res)
+        ip_of = {s.node_rank: s.node_ip for s in res.slots}
+        masters = {name: ip_of[cp.placements(name)[0].node_rank] for name in cp.components}
+
+        def env_for(name, placement):
+            return worker_env(res.spec, res.job, res.epoch, placement, masters[name], None)
+
+        built = build_assignments(cp, res, env_for)
+        encoded = {name: msgspec.msgpack.encode(items) for name, items in built.items()}
+        self._encoded = {k: v for k, v in self._encoded.items() if k[0] != res.job}
+        self._encoded[key] = encoded
+        return encoded
+
+    def _status_bytes(self, res: Reservation) -> bytes:
+        cp = self._plans.get(res.job)
+        sizes = {n: cp.world_size(n) for n in cp.components} if cp else {}
+        return msgspec.msgpack.encode(summarize(res, sizes))
+
+    async def assignments(self, job: str, component: str) -> bytes:
+        """The msgpack-encoded ``list[Assignment]`` of one component, in rank order."""
+        res = self._get(job)
+        if res.state not in (READY, DEGRADED):
+            raise ReservationError(f"reservation {job!r} is {res.state}; assignments need ready")
+        encoded = self._encode_assignments(res)
+        if component not in encoded:
+            raise PlacementError(
+                f"unknown component {component!r} in {job!r}; it has {', '.join(encoded)}"
+            )
+        return encoded[component]
+
+    async def status(self, job: str) -> bytes:
+        """The encoded :class:`ReservationInfo` of ``job``."""
+        self._ensure_loop()
+        res = self._get(job)
+        if res.state in (READY, DEGRADED):
+            self._plan(res)
+        return self._status_bytes(res)
+
+    async def list(self) -> bytes:
+        """Encoded ``list[ReservationInfo]`` of every reservation, by job name."""
+        self._ensure_loop()
+        out = []
+        for job in sorted(self._table.reservations):
+            res = self._table.reservations[job]
+            if res.state in (READY, DEGRADED):
+                self._plan(res)
+            out.append(msgspec.msgpack.decode(self._status_bytes(res)))
+        return msgspec.msgpack.encode(out)
+
+    async def progress(self, job: str) -> str:
+        """What a reservation in progress is waiting for ("" when nothing)."""
+        return self._progress.get(job, "")
+
+    async def check_alive(self) -> bool:
+        self._ensure_loop()
+        return True
+
+    # ------------------------------------------------------------ release
+    async def _release_locked(self, job: str) -> bool:
+        res = self._table.reservations.get(job)
+        if res is None:
+            return False
+        res.state = RELEASING
+        self._save()
+        self._crash_point("release_after_mark")
+        groups_io.remove(res)
+        del self._table.reservations[job]
+        self._plans.pop(job, None)
+        self._encoded = {k: v for k, v in self._encoded.items() if k[0] != job}
+        self._metrics.forget(job)
+        self._save()
+        log.info("released %r", job)
+        return True
+
+    async def release(self, job: str) -> bool:
+        """Remove ``job``'s groups and record; True if there was one. Idempotent."""
+        self._ensure_loop()
+        job = check_job(job)
+        async with self._lock(job):
+            return await self._release_locked(job)
+
+    async def release_all(self) -> list[str]:
+        """Release every reservation; returns the jobs released."""
+        done = []
+        for job in sorted(self._table.reservations):
+            if await self.release(job):
+                done.append(job)
+        return done
+
+    # ------------------------------------------------------------ testing
+    async def arm_fault(self, step: str | None) -> None:
+        """Test only: exit the process the next time ``step`` is reached."""
+        if step is not None and step not in FAULT_STEPS:
+            raise ReservationError(f"fault step {step!r}: one of {', '.join(sorted(FAULT_STEPS))}")
+        self._fault = step
+
+    async def group_prefix(self) -> str:
+        return self._prefix

@@ -1,0 +1,63 @@
+"""What ``status`` and ``list`` answer about reservations."""
+
+from __future__ import annotations
+
+import msgspec
+
+from controller.node_groups import ACCELERATOR
+from controller.reservations import Reservation
+
+
+class SlotInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One node slot of a reservation."""
+
+    node_rank: int
+    node_id: str
+    node_ip: str
+    group_id: str
+    accelerators: list[int]  # physical ids, in planned local order
+    local_to_physical: dict[int, int]  # planned node-local index -> physical id
+    bundles: int
+
+
+class ReservationInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A reservation as clients see it."""
+
+    job: str
+    state: str
+    epoch: int
+    reason: str
+    created_at: float
+    components: dict[str, int]  # name -> world size
+    accelerator: str
+    slots: list[SlotInfo]
+
+    @property
+    def num_accelerators(self) -> int:
+        return sum(len(s.accelerators) for s in self.slots)
+
+
+def summarize(res: Reservation, world_sizes: dict[str, int]) -> ReservationInfo:
+    return ReservationInfo(
+        job=res.job,
+        state=res.state,
+        epoch=res.epoch,
+        reason=res.reason,
+        created_at=res.created_at,
+        components=world_sizes,
+        accelerator=res.spec.accelerator,
+        slots=[
+            SlotInfo(
+                node_rank=s.node_rank,
+                node_id=s.node_id,
+                node_ip=s.node_ip,
+                group_id=s.group_id,
+                accelerators=[b.physical_id for b in s.bundles if b.kind == ACCELERATOR],
+                local_to_physical={
+                    b.local_index: b.physical_id for b in s.bundles if b.kind == ACCELERATOR
+                },
+                bundles=len(s.bundles),
+            )
+            for s in res.slots
+        ],
+    )
