@@ -11,12 +11,24 @@ import msgspec
 import ray
 
 from controller import ClusterSpec, PlacementError, load_spec
-from controller.reservations import Assignment
-from controller.status import ReservationInfo
+from controller.reservations import (
+    TABLE_KEY,
+    Assignment,
+    ReservationError,
+    ReservationRecord,
+    ReservationTimeout,
+    Table,
+    UnknownReservation,
+    build_assignments,
+    check_job,
+    decode_table,
+    kv_namespace,
+    plan_of,
+)
+from controller.status import ReservationInfo, summarize
 
 DEFAULT_NAME = "placectl"
 DEFAULT_NAMESPACE = "placectl"
-_ASSIGNMENTS = msgspec.msgpack.Decoder(list[Assignment])
 _INFO = msgspec.msgpack.Decoder(ReservationInfo)
 _INFOS = msgspec.msgpack.Decoder(list[ReservationInfo])
 
@@ -68,6 +80,7 @@ def connect(
     _init_ray(address)
     try:
         handle = ray.get_actor(name, namespace=namespace)
+        created = False
     except ValueError:
         if not start:
             raise PlacementError(
@@ -96,8 +109,10 @@ def connect(
             )
             .remote(name)
         )
+        created = True
     ctl = Controller(handle, name, namespace)
-    ctl.check_alive()
+    if created:
+        ctl.check_alive()  # surface a controller that cannot start, here and now
     return ctl
 
 
@@ -109,7 +124,8 @@ class Controller:
         self.name = name
         self.namespace = namespace
 
-    def check_alive(self) -> bool:
+    def check_alive(self) -> str:
+        """Round-trip to the controller; returns its incarnation id (new on each restart)."""
         return _unwrap(lambda: ray.get(self.handle.check_alive.remote()))
 
     def reserve(
@@ -147,8 +163,28 @@ class Controller:
         return Reservation(self, info)
 
     def reservation(self, job: str) -> Reservation:
-        """Attach to an existing reservation."""
-        return Reservation(self, self.status(job))
+        """Attach to an existing reservation.
+
+        Reads the persisted table straight from the GCS key-value store, so attaching
+        costs one GCS read and no call to the controller.
+        """
+        return Reservation(self, self.record(job))
+
+    def table(self) -> Table:
+        """The persisted reservation table, read from the GCS key-value store."""
+        from ray.experimental import internal_kv
+
+        data = internal_kv._internal_kv_get(TABLE_KEY, namespace=kv_namespace(self.name))
+        return decode_table(data)
+
+    def record(self, job: str) -> ReservationRecord:
+        """The stored record of ``job``."""
+        check_job(job)
+        records = self.table().reservations
+        if job not in records:
+            known = ", ".join(sorted(records)) or "none"
+            raise UnknownReservation(f"no reservation named {job!r} (reserved: {known})")
+        return records[job]
 
     def status(self, job: str) -> ReservationInfo:
         return _INFO.decode(_unwrap(lambda: ray.get(self.handle.status.remote(job))))
@@ -170,12 +206,27 @@ class Controller:
 
 
 class Reservation:
-    """A driver's view of one reservation."""
+    """A driver's view of one reservation.
 
-    def __init__(self, controller: Controller, info: ReservationInfo):
+    Assignments are computed in the driver from the stored record (the same function
+    the controller uses), so looking them up never queues behind other drivers.
+    """
+
+    def __init__(self, controller: Controller, source: ReservationRecord | ReservationInfo):
         self.controller = controller
-        self.info = info
-        self._cache: dict[tuple[str, int], list[Assignment]] = {}
+        self._record: ReservationRecord | None = None
+        self._built: dict[str, list[Assignment]] = {}
+        if isinstance(source, ReservationRecord):
+            self._adopt(source)
+        else:
+            self.info = source
+
+    def _adopt(self, record: ReservationRecord) -> None:
+        cp = plan_of(record)
+        self._record = record
+        self._plan = cp
+        self._built = {}
+        self.info = summarize(record, {n: cp.world_size(n) for n in cp.components})
 
     @property
     def job(self) -> str:
@@ -190,30 +241,37 @@ class Reservation:
         return list(self.info.components)
 
     def refresh(self) -> ReservationInfo:
-        self.info = self.controller.status(self.job)
+        """Re-read the stored record (state, epoch, slots)."""
+        record = self.controller.record(self.job)
+        if self._record is None or record.epoch != self._record.epoch:
+            self._adopt(record)
+        else:
+            self._record = record
+            self.info = summarize(record, self.info.components)
         return self.info
 
     def assignments(self, component: str) -> list[Assignment]:
         """Each rank's :class:`Assignment` for ``component``, in rank order."""
-        key = (component, self.info.epoch)
-        if key not in self._cache:
-            data = _unwrap(
-                lambda: ray.get(self.controller.handle.assignments.remote(self.job, component))
+        if self._record is None:
+            self.refresh()
+        if self.info.state not in ("ready", "degraded"):
+            raise ReservationError(
+                f"reservation {self.job!r} is {self.info.state}; assignments need ready"
             )
-            items = _ASSIGNMENTS.decode(data)
-            if items and items[0].epoch != self.info.epoch:
-                self.refresh()
-                key = (component, items[0].epoch)
-            self._cache[key] = items
-        return self._cache[key]
+        if component not in self.info.components:
+            raise PlacementError(
+                f"unknown component {component!r} in {self.job!r}; it has "
+                f"{', '.join(self.info.components)}"
+            )
+        if not self._built:
+            self._built = build_assignments(self._record, self._plan)
+        return self._built[component]
 
     def release(self) -> bool:
         return self.controller.release(self.job)
 
-    def wait_ready(self, timeout: float = 60.0, poll_s: float = 0.5) -> ReservationInfo:
+    def wait_ready(self, timeout: float = 60.0, poll_s: float = 0.25) -> ReservationInfo:
         """Block until the reservation is ready; raise ReservationTimeout otherwise."""
-        from controller.reservations import ReservationTimeout
-
         deadline = time.monotonic() + timeout
         while True:
             info = self.refresh()

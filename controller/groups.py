@@ -13,7 +13,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 
 from controller import raylib
 from controller.node_groups import ACCELERATOR
-from controller.reservations import Reservation, ReservationError, ReservationTimeout
+from controller.reservations import ReservationError, ReservationRecord, ReservationTimeout
 
 log = logging.getLogger("placectl.controller")
 PROGRESS_LOG_PERIOD_S = 5.0
@@ -23,7 +23,7 @@ def alive_node_ids() -> set[str]:
     return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
 
 
-def create(res: Reservation) -> list[PlacementGroup]:
+def create(res: ReservationRecord) -> list[PlacementGroup]:
     """Create each slot's detached group, bundles pinned to the slot's node; records ids."""
     handles = []
     for slot in res.slots:
@@ -43,7 +43,7 @@ def create(res: Reservation) -> list[PlacementGroup]:
     return handles
 
 
-def diagnose(res: Reservation, pending: list[int]) -> str:
+def diagnose(res: ReservationRecord, pending: list[int]) -> str:
     """For each pending slot: its node, what it asks for, and what the node has free."""
     free = raylib.free_resources()
     alive = alive_node_ids()
@@ -63,7 +63,7 @@ def diagnose(res: Reservation, pending: list[int]) -> str:
 
 
 async def wait_ready(
-    res: Reservation, handles: list, deadline: float, say: Callable[[str], None]
+    res: ReservationRecord, handles: list, deadline: float, say: Callable[[str], None]
 ) -> None:
     """Wait until every group is placed; on the deadline raise ReservationTimeout naming
     the pending nodes and their free resources."""
@@ -97,7 +97,7 @@ async def wait_ready(
             f.cancel()
 
 
-async def probe(res: Reservation, deadline: float) -> None:
+async def probe(res: ReservationRecord, deadline: float) -> None:
     """Record the physical accelerator id of every accelerator bundle.
 
     Serial within a node (one warm worker answers them all), parallel across nodes.
@@ -128,7 +128,7 @@ async def probe(res: Reservation, deadline: float) -> None:
     res.slots = list(slots)
 
 
-def problems(res: Reservation, groups: dict, alive: set[str]) -> list[str]:
+def problems(res: ReservationRecord, groups: dict, alive: set[str]) -> list[str]:
     """What is wrong with a settled reservation's slots (empty when all is well)."""
     found = []
     for i, slot in enumerate(res.slots):
@@ -154,7 +154,7 @@ def remove_ids(ids: set[str], groups: dict) -> None:
             log.info("removing group %s: %s", gid, e)
 
 
-def remove(res: Reservation, groups: dict | None = None) -> None:
+def remove(res: ReservationRecord, groups: dict | None = None) -> None:
     """Remove a reservation's groups, found by id and, for ids never recorded, by name."""
     groups = placement_group_table() if groups is None else groups
     names = {s.group_name for s in res.slots}

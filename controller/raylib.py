@@ -10,6 +10,7 @@ from ray._raylet import PlacementGroupID
 from ray.util.placement_group import PlacementGroup
 
 from controller.cluster import ClusterView, view_from_ray_nodes
+from controller.probe import probe
 
 
 def group_handle(group_id: str) -> PlacementGroup:
@@ -38,12 +39,6 @@ def head_node_id() -> str | None:
 PROBE_SHARE = 0.0001
 
 
-@ray.remote(num_cpus=0, max_calls=0, max_retries=0)
-def _probe(accelerator: str) -> list[int]:
-    ids = ray.get_runtime_context().get_accelerator_ids().get(accelerator, [])
-    return sorted(int(i) for i in ids)
-
-
 def probe_ref(group_id: str, bundle_index: int, accelerator: str) -> ray.ObjectRef:
     """Start a probe in a bundle; it answers the physical accelerator ids it sees.
 
@@ -58,9 +53,19 @@ def probe_ref(group_id: str, bundle_index: int, accelerator: str) -> ray.ObjectR
         if accelerator == "GPU"
         else {"resources": {accelerator: PROBE_SHARE}}
     )
-    return _probe.options(
+    return probe.options(
         scheduling_strategy=PlacementGroupSchedulingStrategy(
             group_handle(group_id), placement_group_bundle_index=bundle_index
         ),
         **request,
     ).remote(accelerator)
+
+
+def warm(node_id: str) -> ray.ObjectRef:
+    """Start (or touch) an idle worker on a node, so that the first probe there does not
+    wait for a worker process to start."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return probe.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+    ).remote("GPU")

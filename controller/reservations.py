@@ -1,4 +1,4 @@
-"""Reservation records and the pure logic between a plan and Ray's placement groups.
+"""ReservationRecord records and the pure logic between a plan and Ray's placement groups.
 
 A reservation holds one placement group per (job, node slot). Each slot's bundles are
 one per accelerator the job uses on that node (``{ACCEL: 1, "CPU": c}``), one per
@@ -16,12 +16,21 @@ import msgspec
 from controller.cluster import ClusterView
 from controller.colocation import GRANULARITY
 from controller.components import ComponentPlacement
+from controller.environment import worker_env
 from controller.errors import PlacementError
 from controller.node_groups import ACCELERATOR, HARDWARE, NODE
 from controller.placement import Placement
 from controller.spec import ClusterSpec
 
 TABLE_VERSION = 1
+TABLE_KEY = b"reservations"
+
+
+def kv_namespace(controller_name: str) -> str:
+    """GCS key-value namespace of a controller's reservation table."""
+    return f"placectl:{controller_name}"
+
+
 PENDING, READY, DEGRADED, RELEASING = "pending", "ready", "degraded", "releasing"
 GROUP_PREFIX = "placectl:"  # + controller name + ":" + job + ":" + token + ":" + slot
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -80,7 +89,7 @@ class SlotRecord(msgspec.Struct, frozen=True, kw_only=True):
         raise KeyError((kind, local_index))
 
 
-class Reservation(msgspec.Struct, kw_only=True):
+class ReservationRecord(msgspec.Struct, kw_only=True):
     """A job's reservation as persisted: spec, the cluster it was planned on, slots."""
 
     job: str
@@ -101,7 +110,7 @@ class Table(msgspec.Struct, kw_only=True):
     """The whole persisted state: versioned, msgpack-encoded in the GCS KV store."""
 
     version: int = TABLE_VERSION
-    reservations: dict[str, Reservation] = {}
+    reservations: dict[str, ReservationRecord] = {}
 
 
 def encode_table(table: Table) -> bytes:
@@ -207,18 +216,25 @@ def plan_slots(cp: ComponentPlacement, name_prefix: str) -> list[SlotRecord]:
 
 
 # ---------------------------------------------------------------- slots -> assignments
+def plan_of(res: ReservationRecord) -> ComponentPlacement:
+    """Re-plan a reservation: the same spec, cluster view and floating choice give the
+    same placements, so any process can rebuild assignments from the stored record."""
+    return ComponentPlacement(res.spec, res.view, res.floating)
+
+
 def build_assignments(
-    cp: ComponentPlacement,
-    res: Reservation,
-    env_for: Any = None,
+    res: ReservationRecord, cp: ComponentPlacement | None = None
 ) -> dict[str, list[Assignment]]:
-    """Every component's assignments, in rank order.
+    """Every component's assignments, in rank order, with their environments.
 
     Args:
-        cp: the plan of ``res`` (same spec, view and floating choice).
         res: a reservation whose slots are created and probed.
-        env_for: ``env_for(component, placement) -> dict`` builds each environment.
+        cp: its plan, if already at hand (else re-planned).
+
+    Raises:
+        PlacementError: a node group's env_vars set a variable placectl owns.
     """
+    cp = plan_of(res) if cp is None else cp
     slot_of = {s.node_rank: s for s in res.slots}
     # processes per node/hardware bundle, for splitting that bundle's CPUs
     sharers: dict[tuple[int, str, int], int] = {}
@@ -234,6 +250,7 @@ def build_assignments(
     for name in cp.components:
         comp = cp.spec.component(name)
         pool = cp.pool(name)
+        master = slot_of[cp.placements(name)[0].node_rank].node_ip
         items = []
         for p in cp.placements(name):
             slot = slot_of[p.node_rank]
@@ -272,7 +289,7 @@ def build_assignments(
                     num_gpus=gpus,
                     num_cpus=cpus,
                     capture_child_tasks=comp.capture_child_tasks,
-                    env=env_for(name, placed) if env_for else {},
+                    env=worker_env(res.spec, res.job, res.epoch, placed, master, None),
                     epoch=res.epoch,
                     resources=resources,
                 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from controller.node_groups import ACCELERATOR
-from controller.reservations import Reservation
+from controller.reservations import ReservationRecord
 
 
 class SlotInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,7 +37,7 @@ class ReservationInfo(msgspec.Struct, frozen=True, kw_only=True):
         return sum(len(s.accelerators) for s in self.slots)
 
 
-def summarize(res: Reservation, world_sizes: dict[str, int]) -> ReservationInfo:
+def summarize(res: ReservationRecord, world_sizes: dict[str, int]) -> ReservationInfo:
     return ReservationInfo(
         job=res.job,
         state=res.state,

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Reserve-and-learn-topology time, attach time and lookup latency, side by side.
+
+On a local cluster of 4 nodes x 8 fake GPUs (plus a head without GPUs), in one run:
+
+1. placectl: reserve a colocated two-component layout (actor and rollout sharing all
+   32 GPUs) and learn which physical GPU each rank got (one pinned group per node,
+   probe tasks), against the probe-actor approach many frameworks use: one PACK
+   placement group of 32 single-GPU bundles, one ``num_gpus=1`` probe actor per bundle,
+   sort by IP then GPU id.
+2. Attaching to the existing reservation from a new driver process (connect, look the
+   reservation up, fetch every component's assignments), after ``ray.init``.
+3. ``assignments()`` latency against a no-op actor call, both uncached round trips.
+
+Usage: scripts/bench_reserve.py [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+
+import ray
+from ray.cluster_utils import Cluster
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+import clients
+
+NODES, GPUS = 4, 8
+LAYOUT = {"num_nodes": NODES + 1, "component_placement": {"actor,rollout": "all"}}
+
+
+@ray.remote(num_gpus=1)
+class _Probe:
+    def where(self):
+        return ray.util.get_node_ip_address(), [int(g) for g in ray.get_gpu_ids()]
+
+
+def probe_actor_baseline() -> float:
+    t0 = time.perf_counter()
+    pg = placement_group([{"GPU": 1, "CPU": 1}] * (NODES * GPUS), strategy="PACK")
+    ray.get(pg.ready())
+    actors = [
+        _Probe.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
+        ).remote()
+        for i in range(NODES * GPUS)
+    ]
+    seen = ray.get([a.where.remote() for a in actors])
+    order = sorted(range(len(seen)), key=lambda i: (seen[i][0], seen[i][1]))
+    elapsed = time.perf_counter() - t0
+    assert len(order) == NODES * GPUS
+    for a in actors:
+        ray.kill(a)
+    remove_placement_group(pg)
+    return elapsed
+
+
+def placectl_reserve(ctl, job: str) -> float:
+    t0 = time.perf_counter()
+    res = ctl.reserve(job, LAYOUT, timeout_s=120)
+    assignments = {c: res.assignments(c) for c in res.components}
+    elapsed = time.perf_counter() - t0
+    assert sum(len(v) for v in assignments.values()) == 2 * NODES * GPUS
+    steps = ray.get(ctl.handle.timings.remote())
+    detail = ", ".join(f"{k} {v:.3f}" for k, v in steps.items())
+    print(f"  placectl run: {elapsed:.3f} s ({detail})")
+    return elapsed
+
+
+def attach_from_new_driver(address: str) -> float:
+    script = textwrap.dedent(
+        f"""
+        import json, time, ray, clients, clients.session
+        ray.init(address={address!r}, logging_level="ERROR", log_to_driver=False)
+        t0 = time.perf_counter()
+        res = clients.connect(start=False).reservation("bench")
+        n = sum(len(res.assignments(c)) for c in res.components)
+        print(json.dumps({{"s": time.perf_counter() - t0, "n": n}}))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])["s"]
+
+
+def latencies(fn, n: int) -> tuple[float, float]:
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    samples.sort()
+    return statistics.median(samples), samples[int(0.99 * (len(samples) - 1))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+    for _ in range(NODES):
+        cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+    try:
+        ctl = clients.connect()
+        ctl.release_all()
+        ours, theirs = [], []
+        for i in range(args.repeat):  # alternate, so neither side gets a warmer cluster
+            ours.append(placectl_reserve(ctl, f"bench-{i}"))
+            ctl.release(f"bench-{i}")
+            theirs.append(probe_actor_baseline())
+            time.sleep(0.5)
+        o, t = statistics.median(ours), statistics.median(theirs)
+        print(f"reserve + topology, {NODES}x{GPUS} GPUs, median of {args.repeat}:")
+        print(f"  placectl (pinned groups + probe tasks): {o:7.3f} s  {sorted(ours)}")
+        print(f"  probe actors (PACK group + 32 actors):  {t:7.3f} s  {sorted(theirs)}")
+        print(f"  ratio placectl / probe actors:          {o / t:7.3f}")
+
+        res = ctl.reserve("bench", LAYOUT, timeout_s=120)
+        attach = sorted(attach_from_new_driver(cluster.address) for _ in range(args.repeat))
+        print(f"attach from a new driver (connect + lookup + {2 * NODES * GPUS} assignments):")
+        samples = [round(1000 * a, 1) for a in attach]
+        print(f"  median {1000 * statistics.median(attach):.1f} ms  {samples}")
+
+        handle = ctl.handle
+        ray.get(handle.assignments.remote("bench", "actor"))
+        a50, a99 = latencies(lambda: ray.get(handle.assignments.remote("bench", "actor")), 300)
+        n50, n99 = latencies(lambda: ray.get(handle.check_alive.remote()), 300)
+        print(
+            f"round trip, 300 calls: assignments('actor', {len(res.assignments('actor'))} ranks) "
+            f"p50 {1000 * a50:.2f} ms p99 {1000 * a99:.2f} ms; no-op p50 {1000 * n50:.2f} ms "
+            f"p99 {1000 * n99:.2f} ms; p99 ratio {a99 / n99:.2f}"
+        )
+        ctl.release_all()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main()

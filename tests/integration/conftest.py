@@ -1,0 +1,91 @@
+"""A real local multi-node Ray cluster with fake GPUs, one per test module."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+from ray.util.placement_group import placement_group_table  # noqa: E402
+
+import clients  # noqa: E402
+
+GPU_NODES = 2
+GPUS_PER_NODE = 4
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head (no GPUs) + two nodes of 4 fake GPUs and 4 CPUs each."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+    for _ in range(GPU_NODES):
+        c.add_node(num_cpus=4, num_gpus=GPUS_PER_NODE)
+    c.wait_for_nodes()
+    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ctl(cluster):
+    controller = clients.connect()
+    yield controller
+    controller.release_all()
+
+
+@pytest.fixture(autouse=True)
+def _clean(request):
+    yield
+    if "ctl" in request.fixturenames:
+        request.getfixturevalue("ctl").release_all()
+
+
+def live_groups(prefix: str = "placectl:") -> dict[str, dict]:
+    """Placement groups not removed whose name starts with ``prefix``."""
+    return {
+        gid: info
+        for gid, info in placement_group_table().items()
+        if info["state"] != "REMOVED" and (info.get("name") or "").startswith(prefix)
+    }
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+def one_node(placement: str = "0-3", **extra) -> dict:
+    """A configuration whose `cluster` group spans head + the GPU nodes."""
+    comps = {"actor": placement, **extra}
+    return {"num_nodes": 1 + GPU_NODES, "component_placement": comps}
+
+
+def restart_controller(ctl) -> None:
+    """Kill the controller process and wait until Ray has restarted it."""
+    before = ctl.check_alive()
+    ray.kill(ctl.handle, no_restart=False)
+
+    def restarted():
+        try:
+            return ctl.check_alive() != before
+        except ray.exceptions.RayActorError:
+            return False
+
+    wait_for(restarted, timeout=60)

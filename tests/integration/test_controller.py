@@ -1,0 +1,278 @@
+"""The detached controller on a real local cluster: reservations, topology, restarts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import ray
+from ray.util.placement_group import placement_group, placement_group_table
+
+import clients
+from controller import PlacementError
+from controller.raylib import group_handle
+from controller.reservations import ReservationConflict, ReservationError, ReservationTimeout
+from tests.integration.conftest import live_groups, one_node, restart_controller, wait_for
+
+COLOCATED = {
+    "num_nodes": 3,
+    "component_placement": {
+        "actor,rollout": "0-7",
+        "engine": {"placement": "0-7:0-3", "capture_child_tasks": True},
+    },
+}
+
+
+@ray.remote(num_cpus=0)
+def _what_i_see():
+    return {
+        "gpus": sorted(int(g) for g in ray.get_gpu_ids()),
+        "node": ray.get_runtime_context().get_node_id(),
+    }
+
+
+def test_topology_agrees_with_group_table_and_workers(ctl):
+    res = ctl.reserve("topo", COLOCATED, timeout_s=60)
+    assert res.info.state == "ready"
+    assert res.info.components == {"actor": 8, "rollout": 8, "engine": 4}
+    table = placement_group_table()
+    for slot in res.info.slots:
+        entry = table[slot.group_id]
+        assert entry["state"] == "CREATED"
+        assert set(entry["bundles_to_node_id"].values()) == {slot.node_id}
+        assert len(entry["bundles"]) == 4
+        assert sorted(slot.accelerators) == [0, 1, 2, 3]
+    # what a worker scheduled into each bundle sees is what the assignment promised
+    for a in res.assignments("actor"):
+        opts = a.actor_options()
+        seen = ray.get(
+            _what_i_see.options(
+                num_gpus=a.num_gpus, scheduling_strategy=opts["scheduling_strategy"]
+            ).remote()
+        )
+        assert seen["node"] == a.placement.node_id
+        assert seen["gpus"] == a.placement.cuda_visible_devices
+        assert a.env["CUDA_VISIBLE_DEVICES"] == str(seen["gpus"][0])
+    # a two-GPU engine process is anchored in its first bundle and lists both GPUs
+    engine = res.assignments("engine")
+    assert [len(a.placement.cuda_visible_devices) for a in engine] == [2, 2, 2, 2]
+    assert all(a.capture_child_tasks for a in engine)
+    assert [a.num_gpus for a in engine] == [0.3333] * 4
+    first = res.assignments("actor")[0]
+    assert first.env["RANK"] == "0" and first.env["WORLD_SIZE"] == "8"
+    assert first.env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_two_jobs_never_share_an_accelerator(ctl):
+    a = ctl.reserve("share-a", one_node("0-1"), timeout_s=30)
+    b = ctl.reserve("share-b", one_node("0-1"), timeout_s=30)
+    ga = {(x.placement.node_id, x.placement.local_gpu_id) for x in a.assignments("actor")}
+    gb = {(x.placement.node_id, x.placement.local_gpu_id) for x in b.assignments("actor")}
+    assert len(ga) == len(gb) == 2
+    assert not ga & gb
+    # a third job wanting the same node's GPUs finds only what is left: 0 free → timeout
+    with pytest.raises(ReservationTimeout, match="needs CPU 2, GPU 2; free CPU 0, GPU 0"):
+        ctl.reserve("share-c", one_node("0-1"), timeout_s=2)
+
+
+def test_same_spec_is_idempotent_and_a_different_one_conflicts(ctl):
+    first = ctl.reserve("idem", one_node("0-3"), timeout_s=30)
+    before = live_groups()
+    again = ctl.reserve("idem", one_node("0-3"), timeout_s=30)
+    assert again.info == first.info
+    assert live_groups() == before
+    with pytest.raises(ReservationConflict) as info:
+        ctl.reserve("idem", one_node("0-1"), timeout_s=30)
+    assert "components[actor].placement: '0-3' -> '0-1'" in str(info.value)
+    replaced = ctl.reserve("idem", one_node("0-1"), timeout_s=30, replace=True)
+    assert replaced.info.num_accelerators == 2
+    assert not set(before) & set(live_groups())
+
+
+def test_concurrent_reserves_of_one_job_make_one_reservation(ctl):
+    results, errors = [], []
+
+    def go():
+        try:
+            results.append(ctl.reserve("race", one_node("4-7"), timeout_s=30).info)
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=go) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len({json.dumps([s.group_id for s in r.slots]) for r in results}) == 1
+    prefix = ray.get(ctl.handle.group_prefix.remote()) + "race:"
+    assert len(live_groups(prefix)) == 1
+
+
+def test_second_driver_sees_identical_assignments(ctl, cluster):
+    res = ctl.reserve("shared", COLOCATED, timeout_s=60)
+    mine = {c: [ray_free(a) for a in res.assignments(c)] for c in res.components}
+    script = textwrap.dedent(
+        f"""
+        import json, time, ray, msgspec, clients
+        ray.init(address={cluster.address!r}, logging_level="ERROR", log_to_driver=False)
+        t0 = time.perf_counter()
+        ctl = clients.connect(start=False)
+        res = ctl.reservation("shared")
+        out = {{c: msgspec.to_builtins(res.assignments(c)) for c in res.components}}
+        print(json.dumps({{"attach_s": time.perf_counter() - t0, "assignments": out}}))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert theirs["assignments"] == mine
+
+
+def ray_free(assignment):
+    import msgspec
+
+    return msgspec.to_builtins(assignment)
+
+
+def test_controller_restart_keeps_every_reservation(ctl):
+    res = ctl.reserve("survivor", COLOCATED, timeout_s=60)
+    before_groups = live_groups()
+    before_assign = {c: res.assignments(c) for c in res.components}
+    restart_controller(ctl)
+    assert ctl.status("survivor") == res.info
+    assert live_groups() == before_groups  # no new groups, none lost
+    fresh = clients.connect(start=False).reservation("survivor")
+    assert {c: fresh.assignments(c) for c in fresh.components} == before_assign
+
+
+def test_crash_between_group_creation_and_table_write_leaves_no_leak(ctl):
+    prefix = ray.get(ctl.handle.group_prefix.remote()) + "crashy:"
+    incarnation = ctl.check_alive()
+    ray.get(ctl.handle.arm_fault.remote("after_create"))
+    # The controller dies after creating the groups; Ray restarts it and retries the
+    # call; recovery removes the half-made reservation and the retry builds it anew.
+    res = ctl.reserve("crashy", one_node("0-3"), timeout_s=60)
+    assert res.info.state == "ready"
+    assert ctl.check_alive() != incarnation  # it really died and came back
+    groups = live_groups(prefix)
+    assert set(groups) == {s.group_id for s in res.info.slots}
+    ctl.release("crashy")
+    wait_for(lambda: not live_groups(prefix), timeout=10)
+
+
+def test_orphaned_groups_are_removed_on_restart(ctl):
+    prefix = ray.get(ctl.handle.group_prefix.remote())
+    orphan = placement_group([{"CPU": 0.01}], name=f"{prefix}ghost:abc:0", lifetime="detached")
+    ray.get(orphan.ready(), timeout=10)
+    foreign = placement_group([{"CPU": 0.01}], name="someone-else", lifetime="detached")
+    ray.get(foreign.ready(), timeout=10)
+    restart_controller(ctl)
+    table = placement_group_table()
+    assert table[orphan.id.hex()]["state"] == "REMOVED"
+    assert table[foreign.id.hex()]["state"] == "CREATED"  # not placectl's: untouched
+    ray.util.remove_placement_group(foreign)
+
+
+def test_unsatisfiable_reservation_times_out_with_diagnosis_and_leaves_nothing(ctl):
+    ctl.reserve("hog", one_node("4-7"), timeout_s=30)
+    prefix = ray.get(ctl.handle.group_prefix.remote()) + "starved:"
+    progress: list[str] = []
+    started = time.monotonic()
+    with pytest.raises(ReservationTimeout) as info:
+        ctl.reserve("starved", one_node("4-5"), timeout_s=3, progress=progress.append)
+    elapsed = time.monotonic() - started
+    assert elapsed < 3 + 5
+    message = str(info.value)
+    assert "1 of 1 node slots unplaced" in message and "needs CPU 2, GPU 2" in message
+    assert "free CPU 0, GPU 0" in message
+    assert progress and "waiting for 1 of 1 node slots" in progress[0]
+    assert not live_groups(prefix)
+    assert [i.job for i in ctl.list()] == ["hog"]
+
+
+def test_release_frees_every_resource(ctl):
+    total = ray.cluster_resources()["GPU"]
+    ctl.reserve("big", COLOCATED, timeout_s=60)
+    wait_for(lambda: ray.available_resources().get("GPU", 0) == 0)
+    assert ctl.release("big") is True
+    assert ctl.release("big") is False
+    wait_for(lambda: ray.available_resources().get("GPU", 0) == total)
+    assert not live_groups(ray.get(ctl.handle.group_prefix.remote()) + "big:")
+
+
+def test_group_removed_behind_our_back_marks_degraded(ctl):
+    res = ctl.reserve("fragile", one_node("0-1"), timeout_s=30)
+    ray.util.remove_placement_group(group_handle(res.info.slots[0].group_id))
+    info = wait_for(lambda: (i := ctl.status("fragile")).state == "degraded" and i, timeout=10)
+    assert "was removed" in info.reason
+
+
+@pytest.mark.parametrize(
+    ("job", "spec", "error", "message"),
+    [
+        ("bad name", one_node(), ReservationError, "job name 'bad name'"),
+        ("", one_node(), ReservationError, "job name ''"),
+        ("ok", {"num_nodes": 3}, PlacementError, "component_placement: required key"),
+        ("ok", one_node("0-99"), PlacementError, "resource rank 99"),
+        (
+            "ok",
+            {"num_nodes": 9, "component_placement": {"a": 0}},
+            ReservationTimeout,
+            "needs num_nodes=9",
+        ),
+    ],
+)
+def test_bad_requests_get_clear_errors_and_leave_the_controller_alive(
+    ctl, job, spec, error, message
+):
+    alive = ctl.check_alive()
+    with pytest.raises(error) as info:
+        ctl.reserve(job, spec, timeout_s=1)
+    assert message in str(info.value)
+    assert ctl.check_alive() == alive  # the same incarnation: it never crashed
+    assert ctl.list() == []
+
+
+def test_wrong_types_sent_straight_to_the_actor(ctl):
+    alive = ctl.check_alive()
+    for call in (
+        lambda: ctl.handle.reserve.remote(123, {"num_nodes": 1}),
+        lambda: ctl.handle.reserve.remote("x", 42),
+        lambda: ctl.handle.reserve.remote("x", one_node(), "soon"),
+        lambda: ctl.handle.reserve.remote("x", one_node(), -5),
+        lambda: ctl.handle.assignments.remote("nope", "actor"),
+        lambda: ctl.handle.release.remote(None),
+    ):
+        with pytest.raises(ray.exceptions.RayTaskError) as info:
+            ray.get(call())
+        assert isinstance(info.value.cause, PlacementError)
+    assert ctl.check_alive() == alive
+
+
+def test_two_drivers_starting_the_controller_at_once_get_one(cluster):
+    script = textwrap.dedent(
+        f"""
+        import ray, clients
+        ray.init(address={cluster.address!r}, logging_level="ERROR", log_to_driver=False)
+        print(clients.connect(name="placectl-race").check_alive())
+        """
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    answers = {p.communicate(timeout=120)[0].strip().splitlines()[-1] for p in procs}
+    assert len(answers) == 1  # both talked to the same incarnation of one actor
+    named = [
+        a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == "placectl-race"
+    ]
+    assert len(named) == 1
+    ray.kill(ray.get_actor("placectl-race", namespace="placectl"), no_restart=True)
