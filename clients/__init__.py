@@ -11,6 +11,8 @@ _LAZY = {
     "connect": "clients.session",
     "Controller": "clients.session",
     "Reservation": "clients.session",
+    "WorkerGroup": "clients.workers",
+    "current": "clients.workers",
 }
 
 __all__ = sorted(_LAZY)

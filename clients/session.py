@@ -270,6 +270,34 @@ class Reservation:
     def release(self) -> bool:
         return self.controller.release(self.job)
 
+    def lease_ports(
+        self,
+        component: str,
+        rank: int = 0,
+        count: int = 1,
+        consecutive: bool = True,
+        name: str | None = None,
+    ) -> list[int]:
+        """Lease ``count`` ports on the node of ``component``'s ``rank``.
+
+        Each call returns ports not returned before while they are leased (concurrent
+        callers included), checked free on that node; ``consecutive`` asks for an
+        unbroken run (inference engines often need one). With ``name`` the call is
+        idempotent. Leases end with the reservation or :meth:`release_ports`.
+        """
+        handle = self.controller.handle
+        return _unwrap(
+            lambda: ray.get(
+                handle.lease_ports.remote(self.job, component, rank, count, consecutive, name)
+            )
+        )
+
+    def release_ports(self, ports: list[int]) -> int:
+        """End the leases holding any of ``ports``; master ports stay."""
+        return _unwrap(
+            lambda: ray.get(self.controller.handle.release_ports.remote(self.job, list(ports)))
+        )
+
     def wait_ready(self, timeout: float = 60.0, poll_s: float = 0.25) -> ReservationInfo:
         """Block until the reservation is ready; raise ReservationTimeout otherwise."""
         deadline = time.monotonic() + timeout

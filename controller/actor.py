@@ -19,6 +19,7 @@ from controller.components import ComponentPlacement
 from controller.errors import PlacementError
 from controller.metrics import ControllerMetrics
 from controller.node_groups import choose_floating
+from controller.ports import MASTER, PortLease, check_request, lease_ports_for
 from controller.reservations import (
     DEGRADED,
     GROUP_PREFIX,
@@ -29,7 +30,6 @@ from controller.reservations import (
     ReservationConflict,
     ReservationError,
     ReservationRecord,
-    ReservationTimeout,
     Table,
     UnknownReservation,
     build_assignments,
@@ -107,6 +107,7 @@ class PlacementController:
         self._prefix = f"{GROUP_PREFIX}{name}:"
         self._kv_ns = kv_namespace(name)
         self._locks: dict[str, asyncio.Lock] = {}
+        self._ports_lock = asyncio.Lock()  # one ledger for the cluster: leases serialize
         self._progress: dict[str, str] = {}
         self._plans: dict[str, ComponentPlacement] = {}
         self._encoded: dict[tuple[str, int], dict[str, bytes]] = {}
@@ -146,28 +147,7 @@ class PlacementController:
 
     # ------------------------------------------------------------ recovery
     def _recover(self) -> None:
-        groups = placement_group_table()
-        alive = groups_io.alive_node_ids()
-        keep: set[str] = set()
-        for job, res in list(self._table.reservations.items()):
-            if res.state in (PENDING, RELEASING):
-                log.warning("rolling back %s reservation %r cut short by a restart", res.state, job)
-                groups_io.remove(res, groups)
-                del self._table.reservations[job]
-                continue
-            problems = groups_io.problems(res, groups, alive)
-            res.state, res.reason = (DEGRADED, "; ".join(problems)) if problems else (READY, "")
-            keep |= {s.group_id for s in res.slots}
-        orphans = {
-            gid
-            for gid, info in groups.items()
-            if (info.get("name") or "").startswith(self._prefix)
-            and info["state"] != "REMOVED"
-            and gid not in keep
-        }
-        if orphans:
-            log.warning("removing %d orphaned placement groups: %s", len(orphans), orphans)
-            groups_io.remove_ids(orphans, groups)
+        groups_io.recover(self._table, self._prefix)
         self._save()
 
     # ------------------------------------------------------------ reconcile loop
@@ -221,24 +201,6 @@ class PlacementController:
     def _say(self, job: str, message: str) -> None:
         self._progress[job] = message
 
-    async def _wait_for_nodes(self, job: str, spec: ClusterSpec, deadline: float):
-        last_log = 0.0
-        while True:
-            view = raylib.live_view(spec.accelerator)
-            if view.num_nodes >= spec.num_nodes:
-                return view
-            message = f"waiting for nodes: {view.num_nodes} of {spec.num_nodes} alive"
-            self._say(job, message)
-            if time.monotonic() - last_log > groups_io.PROGRESS_LOG_PERIOD_S:
-                log.info("%s: %s", job, message)
-                last_log = time.monotonic()
-            if time.monotonic() >= deadline:
-                raise ReservationTimeout(
-                    f"reservation {job!r} timed out: the cluster has {view.num_nodes} alive "
-                    f"nodes, the configuration needs num_nodes={spec.num_nodes}"
-                )
-            await asyncio.sleep(0.5)
-
     async def reserve(
         self, job: str, spec: Any, timeout_s: float = 300.0, replace: bool = False
     ) -> bytes:
@@ -273,7 +235,7 @@ class PlacementController:
 
     async def _create(self, job: str, spec: ClusterSpec, deadline: float) -> ReservationRecord:
         entered = time.monotonic()
-        view = await self._wait_for_nodes(job, spec, deadline)
+        view = await groups_io.wait_for_nodes(job, spec, deadline, lambda m: self._say(job, m))
         floating_groups = [g for g in spec.node_groups if g.floating]
         floating = (
             choose_floating(floating_groups, view, raylib.free_resources(), spec.accelerator)
@@ -306,6 +268,8 @@ class PlacementController:
             self._crash_point("after_probe")
             t2 = time.monotonic()
             self._plans[job] = cp
+            for name in cp.components:
+                await self._lease(res, name, 0, 1, False, MASTER)
             self._encode_assignments(res)  # node-group env clashes surface here
             self.last_timings = {"plan_s": t0 - entered, "place_s": t1 - t0, "probe_s": t2 - t1}
         except BaseException:
@@ -394,6 +358,70 @@ class PlacementController:
         """A no-op; answers this incarnation's id, which changes on every restart."""
         self._ensure_loop()
         return self._incarnation
+
+    # ------------------------------------------------------------ ports
+    async def _lease(
+        self,
+        res: ReservationRecord,
+        component: str,
+        rank: int,
+        count: int,
+        consecutive: bool,
+        purpose: str,
+    ) -> PortLease:
+        async with self._ports_lock:
+            everyone = [x for r in self._table.reservations.values() for x in r.leases]
+            lease = await lease_ports_for(
+                res, self._plan(res), everyone, component, rank, count, consecutive, purpose
+            )
+            res.leases = [*res.leases, lease]
+            return lease
+
+    async def lease_ports(
+        self,
+        job: str,
+        component: str,
+        rank: int = 0,
+        count: int = 1,
+        consecutive: bool = True,
+        name: str | None = None,
+    ) -> list[int]:
+        """Lease ``count`` ports on the node of ``component``'s ``rank``.
+
+        Each call returns ports not returned before while they are leased (also under
+        concurrent calls), checked free on that node. With ``name``, the call is
+        idempotent: the same name returns the same lease. Leases end with the
+        reservation or :meth:`release_ports`.
+        """
+        res = self._get(job)
+        count = check_request(count, consecutive)
+        if res.state not in (READY, DEGRADED):
+            raise ReservationError(f"reservation {job!r} is {res.state}; ports need ready")
+        if component not in self._plan(res).components:
+            raise PlacementError(f"unknown component {component!r} in {job!r}")
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise PlacementError(f"rank {rank!r}: expected an int")
+        purpose = "extra" if name is None else f"name:{name}"
+        if name is not None:
+            if not isinstance(name, str) or not name:
+                raise PlacementError(f"name {name!r}: expected a non-empty string")
+            for lease in res.leases:
+                if (lease.component, lease.rank, lease.purpose) == (component, rank, purpose):
+                    return list(lease.ports)
+        lease = await self._lease(res, component, rank, count, consecutive, purpose)
+        self._save()
+        return list(lease.ports)
+
+    async def release_ports(self, job: str, ports: list[int]) -> int:
+        """End the leases holding any of ``ports`` (master ports stay); returns how many."""
+        res = self._get(job)
+        drop = set(ports) if isinstance(ports, (list, tuple, set)) else set()
+        keep = [x for x in res.leases if x.purpose == MASTER or not drop & set(x.ports)]
+        ended = len(res.leases) - len(keep)
+        if ended:
+            res.leases = keep
+            self._save()
+        return ended
 
     # ------------------------------------------------------------ release
     async def _release_locked(self, job: str) -> bool:

@@ -35,6 +35,7 @@ PROTECTED = frozenset(
         "PLACECTL_COMPONENT",
         "PLACECTL_EPOCH",
         "PLACECTL_NODE_GROUP",
+        "PLACECTL_CONTROLLER",
         *VISIBLE_DEVICES.values(),
         *(f"RAY_EXPERIMENTAL_NOSET_{v}" for v in VISIBLE_DEVICES.values()),
     }

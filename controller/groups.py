@@ -12,8 +12,10 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 
 from controller import raylib
+from controller.cluster import ClusterView
 from controller.node_groups import ACCELERATOR
 from controller.reservations import ReservationError, ReservationRecord, ReservationTimeout
+from controller.spec import ClusterSpec
 
 log = logging.getLogger("placectl.controller")
 PROGRESS_LOG_PERIOD_S = 5.0
@@ -161,3 +163,56 @@ def remove(res: ReservationRecord, groups: dict | None = None) -> None:
     ids = {s.group_id for s in res.slots if s.group_id}
     ids |= {gid for gid, info in groups.items() if info.get("name") in names}
     remove_ids(ids, groups)
+
+
+async def wait_for_nodes(
+    job: str, spec: ClusterSpec, deadline: float, say: Callable[[str], None]
+) -> ClusterView:
+    """The live cluster once it has ``spec.num_nodes`` alive nodes; ReservationTimeout
+    at the deadline."""
+    last_log = 0.0
+    while True:
+        view = raylib.live_view(spec.accelerator)
+        if view.num_nodes >= spec.num_nodes:
+            return view
+        message = f"waiting for nodes: {view.num_nodes} of {spec.num_nodes} alive"
+        say(message)
+        if time.monotonic() - last_log > PROGRESS_LOG_PERIOD_S:
+            log.info("%s: %s", job, message)
+            last_log = time.monotonic()
+        if time.monotonic() >= deadline:
+            raise ReservationTimeout(
+                f"reservation {job!r} timed out: the cluster has {view.num_nodes} alive "
+                f"nodes, the configuration needs num_nodes={spec.num_nodes}"
+            )
+        await asyncio.sleep(0.5)
+
+
+def recover(table, prefix: str) -> None:
+    """Bring a freshly loaded table in line with Ray, as the controller's contract says:
+    roll back reservations cut short while pending or releasing, mark the others ready or
+    degraded, and remove orphaned groups (``prefix`` names, referenced by no record)."""
+    from controller.reservations import DEGRADED, PENDING, READY, RELEASING
+
+    groups = placement_group_table()
+    alive = alive_node_ids()
+    keep: set[str] = set()
+    for job, res in list(table.reservations.items()):
+        if res.state in (PENDING, RELEASING):
+            log.warning("rolling back %s reservation %r cut short by a restart", res.state, job)
+            remove(res, groups)
+            del table.reservations[job]
+            continue
+        found = problems(res, groups, alive)
+        res.state, res.reason = (DEGRADED, "; ".join(found)) if found else (READY, "")
+        keep |= {s.group_id for s in res.slots}
+    orphans = {
+        gid
+        for gid, info in groups.items()
+        if (info.get("name") or "").startswith(prefix)
+        and info["state"] != "REMOVED"
+        and gid not in keep
+    }
+    if orphans:
+        log.warning("removing %d orphaned placement groups: %s", len(orphans), sorted(orphans))
+        remove_ids(orphans, groups)

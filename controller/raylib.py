@@ -69,3 +69,14 @@ def warm(node_id: str) -> ray.ObjectRef:
     return probe.options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
     ).remote("GPU")
+
+
+def free_ports_on(node_id: str, candidates: list[int], count: int, consecutive: bool):
+    """Ask a task on ``node_id`` which of ``candidates`` are free there (ObjectRef)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from controller.probe import free_ports
+
+    return free_ports.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+    ).remote(candidates, count, consecutive)

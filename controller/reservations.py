@@ -16,10 +16,11 @@ import msgspec
 from controller.cluster import ClusterView
 from controller.colocation import GRANULARITY
 from controller.components import ComponentPlacement
-from controller.environment import worker_env
+from controller.environment import group_env, worker_env
 from controller.errors import PlacementError
 from controller.node_groups import ACCELERATOR, HARDWARE, NODE
 from controller.placement import Placement
+from controller.ports import MASTER, PortLease
 from controller.spec import ClusterSpec
 
 TABLE_VERSION = 1
@@ -101,6 +102,13 @@ class ReservationRecord(msgspec.Struct, kw_only=True):
     epoch: int = 1
     created_at: float = 0.0
     reason: str = ""  # why the state is what it is (degraded, pending)
+    leases: list[PortLease] = []  # master ports first, then ports leased on request
+
+    def master_port(self, component: str) -> int | None:
+        for lease in self.leases:
+            if lease.component == component and lease.purpose == MASTER:
+                return lease.ports[0]
+        return None
 
     def accelerators(self) -> int:
         return sum(1 for s in self.slots for b in s.bundles if b.kind == ACCELERATOR)
@@ -146,6 +154,7 @@ class Assignment(msgspec.Struct, kw_only=True, frozen=True):
     env: dict[str, str]
     epoch: int
     resources: dict[str, float] = {}
+    python: str | None = None  # the node group's python_interpreter_path, if any
 
     def actor_options(self) -> dict[str, Any]:
         """Keyword arguments for ``Actor.options(**...)`` that start the process here."""
@@ -165,6 +174,8 @@ class Assignment(msgspec.Struct, kw_only=True, frozen=True):
             ),
             "runtime_env": {"env_vars": dict(self.env)},
         }
+        if self.python:
+            options["runtime_env"]["py_executable"] = self.python
         if self.resources:
             options["resources"] = dict(self.resources)
         return options
@@ -289,9 +300,12 @@ def build_assignments(
                     num_gpus=gpus,
                     num_cpus=cpus,
                     capture_child_tasks=comp.capture_child_tasks,
-                    env=worker_env(res.spec, res.job, res.epoch, placed, master, None),
+                    env=worker_env(
+                        res.spec, res.job, res.epoch, placed, master, res.master_port(name)
+                    ),
                     epoch=res.epoch,
                     resources=resources,
+                    python=group_env(res.spec, placed.node_group, placed.node_rank)[1],
                 )
             )
         out[name] = items
