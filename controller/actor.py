@@ -11,7 +11,6 @@ from typing import Any
 
 import msgspec
 from ray.experimental import internal_kv
-from ray.util.placement_group import placement_group_table
 
 from controller import groups as groups_io
 from controller import raylib
@@ -119,7 +118,7 @@ class PlacementController:
         self._metrics = ControllerMetrics()
         self._table = self._load()
         self._recover()
-        self._warm_nodes()
+        self._warm_nodes(groups_io.alive_node_ids())
 
     # ------------------------------------------------------------ persistence
     def _load(self) -> Table:
@@ -159,31 +158,30 @@ class PlacementController:
         while True:
             await asyncio.sleep(RECONCILE_PERIOD_S)
             try:
-                self.reconcile_once()
+                # GCS reads block; do them off the event loop so lookups never wait.
+                groups, alive = await asyncio.to_thread(groups_io.snapshot)
+                self._warm_nodes(alive)
+                self.reconcile_once(groups, alive)
             except Exception:
                 log.exception("reconcile failed; will try again")
 
-    def _warm_nodes(self) -> None:
+    def _warm_nodes(self, alive: set[str]) -> None:
         # One idle worker per node answers that node's probes; starting it here, off the
         # reserve path, saves a worker start (~0.3 s) per node on a reservation. New
         # nodes are warmed at once, all of them again every WARM_PERIOD_S.
-        alive = groups_io.alive_node_ids()
         if time.monotonic() - self._warmed_at > WARM_PERIOD_S:
             self._warmed, self._warmed_at = set(), time.monotonic()
         for node_id in alive - self._warmed:
             raylib.warm(node_id)
-        self._warmed = alive
+        self._warmed = set(alive)
 
-    def reconcile_once(self) -> int:
-        """Check every settled reservation against Ray; returns how many changed state."""
-        self._warm_nodes()
-        settled = [r for r in self._table.reservations.values() if r.state in (READY, DEGRADED)]
-        if not settled:
-            return 0
-        groups = placement_group_table()
-        alive = groups_io.alive_node_ids()
+    def reconcile_once(self, groups: dict, alive: set[str]) -> int:
+        """Check every settled reservation against a snapshot of Ray's group table and
+        alive nodes; returns how many changed state."""
         changed = 0
-        for res in settled:
+        for res in list(self._table.reservations.values()):
+            if res.state not in (READY, DEGRADED):
+                continue
             problems = groups_io.problems(res, groups, alive)
             state, reason = (DEGRADED, "; ".join(problems)) if problems else (READY, "")
             if (state, reason) != (res.state, res.reason):

@@ -25,6 +25,11 @@ def alive_node_ids() -> set[str]:
     return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
 
 
+def snapshot() -> tuple[dict, set[str]]:
+    """Ray's placement-group table and the alive node ids, read together."""
+    return placement_group_table(), alive_node_ids()
+
+
 def create(res: ReservationRecord) -> list[PlacementGroup]:
     """Create each slot's detached group, bundles pinned to the slot's node; records ids."""
     handles = []

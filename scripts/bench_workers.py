@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Worker-group launch time and assignment lookup latency, each beside its baseline.
+
+On a local cluster of 2 nodes x 8 fake GPUs, in one run:
+
+1. ``WorkerGroup.launch`` of 16 actors until every one answers, against hand-written
+   Ray code creating the same 16 actors with the same options (computed beforehand,
+   so the baseline pays nothing placectl-specific). Runs alternate.
+2. The controller's ``assignments`` method with 1 caller and with 1,000 concurrent
+   callers, against a no-op method of an async actor with the same concurrency.
+3. The driver-side ``Reservation.assignments`` (one GCS read, planned locally) with a
+   fresh reservation object each time.
+
+Usage: scripts/bench_workers.py [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import ray
+from ray.cluster_utils import Cluster
+
+import clients
+from clients.workers import options_for
+
+LAYOUT = {"num_nodes": 3, "component_placement": {"actor": "0-15"}}
+
+
+class Worker:
+    def ping(self) -> int:
+        return 1
+
+
+@ray.remote(num_cpus=0)
+class NoOp:
+    async def call(self, *args) -> None:
+        return None
+
+
+def launch_placectl(res) -> float:
+    t0 = time.perf_counter()
+    group = clients.WorkerGroup.launch(res, "actor", Worker)
+    group.execute("ping")
+    elapsed = time.perf_counter() - t0
+    group.shutdown()
+    return elapsed
+
+
+def launch_by_hand(options: list[dict]) -> float:
+    cls = ray.remote(Worker)
+    t0 = time.perf_counter()
+    actors = [cls.options(**o).remote() for o in options]
+    ray.get([a.ping.remote() for a in actors])
+    elapsed = time.perf_counter() - t0
+    for a in actors:
+        ray.kill(a)
+    return elapsed
+
+
+def sequential(call, n: int = 300) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        ray.get(call())
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def concurrent(call, n: int = 1000) -> list[float]:
+    """Submit ``n`` calls at once; each one's time from submission to completion."""
+    started = {}
+    refs = []
+    for _ in range(n):
+        ref = call()
+        started[ref] = time.perf_counter()
+        refs.append(ref)
+    out = []
+    pending = refs
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=30)
+        now = time.perf_counter()
+        out.extend(now - started[r] for r in ready)
+    ray.get(refs)
+    return out
+
+
+def pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    return s[int(q * (len(s) - 1))] * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+    for _ in range(2):
+        cluster.add_node(num_cpus=8, num_gpus=8)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+    try:
+        ctl = clients.connect()
+        res = ctl.reserve("bench", LAYOUT, timeout_s=120, progress=lambda m: None)
+        options = [options_for(a, ctl.name) for a in res.assignments("actor")]
+        ours, theirs = [], []
+        launch_by_hand(options)  # warm the worker pool for both sides
+        for _ in range(args.repeat):
+            ours.append(launch_placectl(res))
+            theirs.append(launch_by_hand(options))
+        o, t = statistics.median(ours), statistics.median(theirs)
+        print(f"launch 16 actors and wait for all, median of {args.repeat}:")
+        print(f"  WorkerGroup.launch: {o:.3f} s  {[round(x, 3) for x in sorted(ours)]}")
+        print(f"  hand-written Ray:   {t:.3f} s  {[round(x, 3) for x in sorted(theirs)]}")
+        print(f"  ratio:              {o / t:.3f}")
+
+        handle, noop = ctl.handle, NoOp.options(max_concurrency=1000).remote()
+        ray.get(noop.call.remote())
+
+        def ours_call():
+            return handle.assignments.remote("bench", "actor")
+
+        def noop_call():
+            return noop.call.remote("bench", "actor")
+
+        print("controller assignments() vs a no-op async actor method (ms):")
+        for label, runner in (("1 caller", sequential), ("1000 concurrent", concurrent)):
+            a, b = runner(ours_call), runner(noop_call)
+            print(
+                f"  {label:<16} assignments p50 {pct(a, .5):6.2f} p99 {pct(a, .99):6.2f} | "
+                f"no-op p50 {pct(b, .5):6.2f} p99 {pct(b, .99):6.2f} | "
+                f"p99 ratio {pct(a, .99) / pct(b, .99):.2f}"
+            )
+        local = []
+        for _ in range(100):
+            t0 = time.perf_counter()
+            ctl.reservation("bench").assignments("actor")
+            local.append(time.perf_counter() - t0)
+        print(
+            f"  driver-side Reservation.assignments (GCS read + local plan), fresh object: "
+            f"p50 {pct(local, .5):.2f} p99 {pct(local, .99):.2f}"
+        )
+        ctl.release_all()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main()
