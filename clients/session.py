@@ -251,9 +251,9 @@ class Reservation:
         return self.info
 
     def assignments(self, component: str) -> list[Assignment]:
-        """Each rank's :class:`Assignment` for ``component``, in rank order."""
-        if self._record is None:
-            self.refresh()
+        """Each rank's :class:`Assignment` for ``component``, in rank order, as of the
+        reservation's current epoch (one GCS read; rebuilt only when the epoch moved)."""
+        self.refresh()
         if self.info.state not in ("ready", "degraded"):
             raise ReservationError(
                 f"reservation {self.job!r} is {self.info.state}; assignments need ready"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -80,11 +81,20 @@ class WorkerGroup:
     reservation, so the next launch schedules at once.
     """
 
-    def __init__(self, reservation: Any, component: str, actors: list, detached: bool = False):
+    def __init__(
+        self,
+        reservation: Any,
+        component: str,
+        actors: list,
+        detached: bool = False,
+        launch: tuple | None = None,
+    ):
         self.reservation = reservation
         self.component = component
         self._actors = list(actors)
         self.detached = detached
+        self._assignments = list(reservation.assignments(component))
+        self._launch = launch  # (actor class, args, kwargs, env, actor_options)
 
     @classmethod
     def launch(
@@ -123,7 +133,8 @@ class WorkerGroup:
                     lifetime="detached",
                 )
         actors = [actor_cls.options(**o).remote(*args, **kwargs) for o in all_options]
-        return cls(reservation, component, actors, detached)
+        launch = (actor_cls, args, kwargs, env, actor_options)
+        return cls(reservation, component, actors, detached, launch)
 
     @classmethod
     def attach(cls, reservation: Any, component: str) -> WorkerGroup:
@@ -162,6 +173,50 @@ class WorkerGroup:
         if not 0 <= rank < len(self._actors):
             raise PlacementError(f"rank {rank}: out of range (0-{len(self._actors) - 1})")
         return ray.get(getattr(self._actors[rank], method).remote(*args, **kwargs))
+
+    def repair(self, timeout: float = 120.0) -> list[int]:
+        """After a slot was replaced, relaunch exactly the ranks whose node changed.
+
+        Waits until the reservation is ready again, then starts each lost rank in its new
+        bundle with its new environment (a new MASTER_ADDR/PORT if rank 0 moved; the
+        surviving ranks keep running and must re-read theirs when they rejoin).
+
+        Returns:
+            The relaunched ranks (empty when nothing moved).
+
+        Raises:
+            ReservationTimeout: the reservation is not ready within ``timeout``.
+            PlacementError: the group was attached rather than launched here, so its
+                constructor arguments are unknown.
+        """
+        if self._launch is None:
+            raise PlacementError(
+                "repair() needs the group's constructor arguments: relaunch it with "
+                "WorkerGroup.launch instead of attach"
+            )
+        self.reservation.wait_ready(timeout)
+        fresh = self.reservation.assignments(self.component)
+        lost = [
+            r
+            for r, (old, new) in enumerate(zip(self._assignments, fresh, strict=True))
+            if old.placement.node_id != new.placement.node_id
+            or old.placement_group_id != new.placement_group_id
+        ]
+        actor_cls, args, kwargs, env, actor_options = self._launch
+        name = self.reservation.controller.name
+        for r in lost:
+            with contextlib.suppress(Exception):  # most are already dead with their node
+                ray.kill(self._actors[r], no_restart=True)
+            options = options_for(fresh[r], name, env, actor_options)
+            if self.detached:
+                options.update(
+                    name=worker_name(self.reservation.job, self.component, r),
+                    namespace=WORKER_NAMESPACE,
+                    lifetime="detached",
+                )
+            self._actors[r] = actor_cls.options(**options).remote(*args, **kwargs)
+        self._assignments = fresh
+        return lost
 
     def shutdown(self) -> None:
         """Kill every worker; the reservation stays."""

@@ -19,6 +19,7 @@ from controller.errors import PlacementError
 from controller.metrics import ControllerMetrics
 from controller.node_groups import choose_floating
 from controller.ports import MASTER, PortLease, check_request, lease_ports_for
+from controller.repair import repair, stale_groups
 from controller.reservations import (
     DEGRADED,
     GROUP_PREFIX,
@@ -50,6 +51,11 @@ RECONCILE_PERIOD_S = 1.0
 WARM_PERIOD_S = 30.0
 FAULT_STEPS = frozenset(
     {
+        "replace_after_plan",
+        "replace_after_create",
+        "replace_after_probe",
+        "replace_after_write",
+        "release_after_remove",
         "after_plan",
         "after_create",
         "after_ready",
@@ -106,6 +112,7 @@ class PlacementController:
         self._prefix = f"{GROUP_PREFIX}{name}:"
         self._kv_ns = kv_namespace(name)
         self._locks: dict[str, asyncio.Lock] = {}
+        self._repairing: set[str] = set()
         self._ports_lock = asyncio.Lock()  # one ledger for the cluster: leases serialize
         self._progress: dict[str, str] = {}
         self._plans: dict[str, ComponentPlacement] = {}
@@ -162,6 +169,10 @@ class PlacementController:
                 groups, alive = await asyncio.to_thread(groups_io.snapshot)
                 self._warm_nodes(alive)
                 self.reconcile_once(groups, alive)
+                for job, res in self._table.reservations.items():
+                    if res.state == DEGRADED and job not in self._repairing:
+                        self._repairing.add(job)
+                        asyncio.get_running_loop().create_task(self._repair(job))
             except Exception:
                 log.exception("reconcile failed; will try again")
 
@@ -184,6 +195,8 @@ class PlacementController:
                 continue
             problems = groups_io.problems(res, groups, alive)
             state, reason = (DEGRADED, "; ".join(problems)) if problems else (READY, "")
+            if state == res.state == DEGRADED:
+                continue  # while degraded, the repair owns the reason
             if (state, reason) != (res.state, res.reason):
                 log.warning("reservation %r is now %s %s", res.job, state, reason)
                 res.state, res.reason = state, reason
@@ -191,6 +204,35 @@ class PlacementController:
         if changed:
             self._save()
         return changed
+
+    async def _lease_master(self, res: ReservationRecord, component: str) -> None:
+        await self._lease(res, component, 0, 1, False, MASTER)
+
+    async def _repair(self, job: str) -> None:
+        """Replace the broken slots of a degraded reservation (see controller.repair)."""
+        try:
+            async with self._lock(job):
+                res = self._table.reservations.get(job)
+                if res is None or res.state != DEGRADED:
+                    return
+                new, why = await repair(res, self._prefix, self._crash_point, self._lease_master)
+                if new is None:
+                    if why and why != res.reason:
+                        log.warning("reservation %r stays degraded: %s", job, why)
+                        res.reason = why
+                        self._save()
+                    return
+                new.state, new.reason = READY, ""
+                self._table.reservations[job] = new
+                self._plans.pop(job, None)
+                self._save()
+                self._crash_point("replace_after_write")
+                groups, _ = await asyncio.to_thread(groups_io.snapshot)
+                groups_io.remove_ids(stale_groups(res.slots, new), groups)
+        except Exception:
+            log.exception("repairing %r failed; will try again", job)
+        finally:
+            self._repairing.discard(job)
 
     # ------------------------------------------------------------ reserve
     def _lock(self, job: str) -> asyncio.Lock:
@@ -312,10 +354,13 @@ class PlacementController:
         self._encoded[key] = encoded
         return encoded
 
+    def _info(self, res: ReservationRecord):
+        settled = res.state in (READY, DEGRADED) or res.job in self._plans
+        cp = self._plan(res) if settled else None
+        return summarize(res, {n: cp.world_size(n) for n in cp.components} if cp else {})
+
     def _status_bytes(self, res: ReservationRecord) -> bytes:
-        cp = self._plans.get(res.job)
-        sizes = {n: cp.world_size(n) for n in cp.components} if cp else {}
-        return msgspec.msgpack.encode(summarize(res, sizes))
+        return msgspec.msgpack.encode(self._info(res))
 
     async def assignments(self, job: str, component: str) -> bytes:
         """The msgpack-encoded ``list[Assignment]`` of one component, in rank order."""
@@ -332,21 +377,13 @@ class PlacementController:
     async def status(self, job: str) -> bytes:
         """The encoded :class:`ReservationInfo` of ``job``."""
         self._ensure_loop()
-        res = self._get(job)
-        if res.state in (READY, DEGRADED):
-            self._plan(res)
-        return self._status_bytes(res)
+        return self._status_bytes(self._get(job))
 
     async def list(self) -> bytes:
         """Encoded ``list[ReservationInfo]`` of every reservation, by job name."""
         self._ensure_loop()
-        out = []
-        for job in sorted(self._table.reservations):
-            res = self._table.reservations[job]
-            if res.state in (READY, DEGRADED):
-                self._plan(res)
-            out.append(msgspec.msgpack.decode(self._status_bytes(res)))
-        return msgspec.msgpack.encode(out)
+        infos = [self._info(self._table.reservations[j]) for j in sorted(self._table.reservations)]
+        return msgspec.msgpack.encode(infos)
 
     async def progress(self, job: str) -> str:
         """What a reservation in progress is waiting for ("" when nothing)."""
@@ -430,6 +467,7 @@ class PlacementController:
         self._save()
         self._crash_point("release_after_mark")
         groups_io.remove(res)
+        self._crash_point("release_after_remove")
         del self._table.reservations[job]
         self._plans.pop(job, None)
         self._encoded = {k: v for k, v in self._encoded.items() if k[0] != job}

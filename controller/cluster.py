@@ -168,3 +168,38 @@ def view_from_ray_nodes(nodes: list[dict], accelerator: str = "GPU") -> ClusterV
             )
         )
     return ClusterView(nodes=order_nodes(views))
+
+
+def _identity_labels(node: NodeView) -> dict[str, str]:
+    # Labels that name one node (its id, its rank) say nothing about what it is.
+    return {
+        k: v for k, v in node.labels.items() if not k.startswith("ray.io/") and k != NODE_RANK_LABEL
+    }
+
+
+def is_replacement(dead: NodeView, candidate: NodeView) -> bool:
+    """Whether ``candidate`` is the same kind of node as ``dead``: the same accelerators,
+    custom resources and labels (labels naming one node apart)."""
+    return (
+        candidate.num_gpus == dead.num_gpus
+        and candidate.resources == dead.resources
+        and _identity_labels(candidate) == _identity_labels(dead)
+    )
+
+
+def choose_spare(
+    dead: NodeView,
+    candidates: list[NodeView],
+    free: dict[str, dict[str, float]],
+    need: dict[str, float],
+    exclude: set[str],
+) -> NodeView | None:
+    """The first candidate (in node-rank order) that can stand in for ``dead``: same
+    kind of node, not in ``exclude``, with at least ``need`` free."""
+    for node in candidates:
+        if node.node_id in exclude or not is_replacement(dead, node):
+            continue
+        have = free.get(node.node_id, {})
+        if all(have.get(k, 0.0) + 1e-9 >= v for k, v in need.items()):
+            return node
+    return None

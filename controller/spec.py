@@ -20,6 +20,11 @@ from controller.errors import PlacementError, SpecError
 from controller.ranks import parse_placement, parse_rank_list
 
 RESERVED_GROUPS = ("cluster", "node")
+# Bounds on what one configuration may ask for, so hostile input cannot exhaust anything.
+MAX_SPEC_BYTES = 1 << 20
+MAX_COMPONENTS = 256
+MAX_NODE_GROUPS = 256
+MAX_NODES = 100_000
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESOURCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-./]*$")
@@ -170,13 +175,20 @@ def read_document(source: Any) -> Any:
     if isinstance(source, bytes):
         source = source.decode()
     if isinstance(source, str):
+        if len(source) > MAX_SPEC_BYTES:
+            raise SpecError(
+                f"configuration of {len(source)} characters: more than the limit of "
+                f"{MAX_SPEC_BYTES}"
+            )
         looks_like_path = "\n" not in source and (
             source.endswith((".yaml", ".yml")) or os.path.isfile(source)
         )
         if looks_like_path:
             try:
                 with open(source, encoding="utf-8") as f:
-                    source = f.read()
+                    source = f.read(MAX_SPEC_BYTES + 1)
+                if len(source) > MAX_SPEC_BYTES:
+                    raise SpecError(f"configuration file is larger than {MAX_SPEC_BYTES} bytes")
             except OSError as e:
                 raise SpecError(f"cannot read configuration {source!r}: {e.strerror}") from None
         try:
@@ -394,7 +406,16 @@ def _group_labels(value: str | int | list[str | int] | None, where: str) -> list
 
 
 def _normalise(raw: _Cluster) -> ClusterSpec:
-    _check_int(raw.num_nodes, "cluster.num_nodes", 1)
+    _check_int(raw.num_nodes, "cluster.num_nodes", 1, MAX_NODES)
+    if len(raw.node_groups) > MAX_NODE_GROUPS:
+        raise SpecError(
+            f"cluster.node_groups: {len(raw.node_groups)} groups, more than {MAX_NODE_GROUPS}"
+        )
+    if len(raw.component_placement) > MAX_COMPONENTS:
+        raise SpecError(
+            f"cluster.component_placement: {len(raw.component_placement)} entries, more "
+            f"than {MAX_COMPONENTS}"
+        )
     if not _RESOURCE.match(raw.accelerator):
         raise SpecError(f"cluster.accelerator {raw.accelerator!r}: not a valid Ray resource name")
     if raw.cpus_per_accelerator < 0:
@@ -420,6 +441,8 @@ def _normalise(raw: _Cluster) -> ClusterSpec:
     for key, value in raw.component_placement.items():
         where = f"cluster.component_placement.{key}"
         names = [n.strip() for n in key.split(",")]
+        if len(seen) + len(names) > MAX_COMPONENTS:
+            raise SpecError(f"cluster.component_placement: more than {MAX_COMPONENTS} components")
         for name in names:
             if not _NAME.match(name):
                 raise SpecError(

@@ -129,9 +129,9 @@ def main() -> None:
         for label, runner in (("1 caller", sequential), ("1000 concurrent", concurrent)):
             a, b = runner(ours_call), runner(noop_call)
             print(
-                f"  {label:<16} assignments p50 {pct(a, .5):6.2f} p99 {pct(a, .99):6.2f} | "
-                f"no-op p50 {pct(b, .5):6.2f} p99 {pct(b, .99):6.2f} | "
-                f"p99 ratio {pct(a, .99) / pct(b, .99):.2f}"
+                f"  {label:<16} assignments p50 {pct(a, 0.5):6.2f} p99 {pct(a, 0.99):6.2f} | "
+                f"no-op p50 {pct(b, 0.5):6.2f} p99 {pct(b, 0.99):6.2f} | "
+                f"p99 ratio {pct(a, 0.99) / pct(b, 0.99):.2f}"
             )
         local = []
         for _ in range(100):
@@ -140,7 +140,7 @@ def main() -> None:
             local.append(time.perf_counter() - t0)
         print(
             f"  driver-side Reservation.assignments (GCS read + local plan), fresh object: "
-            f"p50 {pct(local, .5):.2f} p99 {pct(local, .99):.2f}"
+            f"p50 {pct(local, 0.5):.2f} p99 {pct(local, 0.99):.2f}"
         )
         ctl.release_all()
     finally:

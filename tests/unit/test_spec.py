@@ -120,7 +120,8 @@ def test_numeric_labels_are_strings():
         ({"num_nodes": 2}, "cluster.component_placement: required key is missing"),
         ({**BLOCK, "num_nodes": "2"}, "cluster.num_nodes: expected `int`, got `str`"),
         ({**BLOCK, "num_nodes": True}, "cluster.num_nodes: expected `int`, got `bool`"),
-        ({**BLOCK, "num_nodes": 0}, "cluster.num_nodes 0: must be >= 1"),
+        ({**BLOCK, "num_nodes": 0}, "cluster.num_nodes 0: must be 1-100000"),
+        ({**BLOCK, "num_nodes": 10**9}, "cluster.num_nodes 1000000000: must be 1-100000"),
         ({**BLOCK, "component_placement": {}}, "at least one component"),
         ({**BLOCK, "ports": {"low": 80}}, "cluster.ports.low 80: must be 1024-65535"),
         ({**BLOCK, "ports": {"low": 3000, "high": 2000}}, "low must be <= high"),
@@ -267,3 +268,14 @@ def test_equal_meaning_gives_equal_specs():
     a = load_spec("cluster: {num_nodes: 2, component_placement: {actor: '0-3'}}")
     b = load_spec({"num_nodes": 2, "component_placement": {"actor": {"placement": "0-3"}}})
     assert a == b
+
+
+def test_oversized_inputs_are_refused_with_the_limit():
+    with pytest.raises(SpecError, match="more than the limit of 1048576"):
+        load_spec("cluster: {num_nodes: 1, component_placement: {a: 0}}\n" + "#" * (1 << 20))
+    many = {f"c{i}": 0 for i in range(300)}
+    with pytest.raises(SpecError, match="300 entries, more than 256"):
+        load_spec({"num_nodes": 1, "component_placement": many})
+    wide = {",".join(f"c{i}" for i in range(300)): 0}
+    with pytest.raises(SpecError, match="more than 256 components"):
+        load_spec({"num_nodes": 1, "component_placement": wide})
