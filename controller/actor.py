@@ -16,9 +16,10 @@ from controller import groups as groups_io
 from controller import raylib
 from controller.components import ComponentPlacement
 from controller.errors import PlacementError
+from controller.leasing import PortLeasing
 from controller.metrics import ControllerMetrics
 from controller.node_groups import choose_floating
-from controller.ports import MASTER, PortLease, check_request, lease_ports_for
+from controller.ports import MASTER
 from controller.repair import repair, stale_groups
 from controller.reservations import (
     DEGRADED,
@@ -34,6 +35,8 @@ from controller.reservations import (
     UnknownReservation,
     build_assignments,
     check_job,
+    check_timeout,
+    coerce_spec,
     decode_table,
     describe_difference,
     encode_table,
@@ -41,12 +44,11 @@ from controller.reservations import (
     plan_of,
     plan_slots,
 )
-from controller.spec import ClusterSpec, load_spec
+from controller.spec import ClusterSpec
 from controller.status import summarize
 
 log = logging.getLogger("placectl.controller")
 
-MAX_TIMEOUT_S = 86_400.0
 RECONCILE_PERIOD_S = 1.0
 WARM_PERIOD_S = 30.0
 FAULT_STEPS = frozenset(
@@ -66,25 +68,7 @@ FAULT_STEPS = frozenset(
 )
 
 
-def _coerce_spec(spec: Any) -> ClusterSpec:
-    if isinstance(spec, ClusterSpec):
-        # Re-validate the types of a record that came over the wire.
-        try:
-            return msgspec.convert(msgspec.to_builtins(spec), ClusterSpec)
-        except (msgspec.ValidationError, TypeError) as e:
-            raise ReservationError(f"malformed ClusterSpec: {e}") from None
-    return load_spec(spec)
-
-
-def _check_timeout(timeout_s: Any) -> float:
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
-        raise ReservationError(f"timeout_s {timeout_s!r}: expected a number of seconds")
-    if not 0 < timeout_s <= MAX_TIMEOUT_S:
-        raise ReservationError(f"timeout_s {timeout_s}: must be in (0, {MAX_TIMEOUT_S:g}]")
-    return float(timeout_s)
-
-
-class PlacementController:
+class PlacementController(PortLeasing):
     """Owns every placectl reservation of a cluster.
 
     Fault-tolerance contract:
@@ -113,6 +97,7 @@ class PlacementController:
         self._kv_ns = kv_namespace(name)
         self._locks: dict[str, asyncio.Lock] = {}
         self._repairing: set[str] = set()
+        self._repair_lock = asyncio.Lock()
         self._ports_lock = asyncio.Lock()  # one ledger for the cluster: leases serialize
         self._progress: dict[str, str] = {}
         self._plans: dict[str, ComponentPlacement] = {}
@@ -211,7 +196,8 @@ class PlacementController:
     async def _repair(self, job: str) -> None:
         """Replace the broken slots of a degraded reservation (see controller.repair)."""
         try:
-            async with self._lock(job):
+            # One repair at a time: each one sees the resources the last one took.
+            async with self._repair_lock, self._lock(job):
                 res = self._table.reservations.get(job)
                 if res is None or res.state != DEGRADED:
                     return
@@ -252,8 +238,8 @@ class PlacementController:
         """
         self._ensure_loop()
         job = check_job(job)
-        spec = _coerce_spec(spec)
-        timeout = _check_timeout(timeout_s)
+        spec = coerce_spec(spec)
+        timeout = check_timeout(timeout_s)
         if not isinstance(replace, bool):
             raise ReservationError(f"replace {replace!r}: expected True or False")
         async with self._lock(job):
@@ -393,70 +379,6 @@ class PlacementController:
         """A no-op; answers this incarnation's id, which changes on every restart."""
         self._ensure_loop()
         return self._incarnation
-
-    # ------------------------------------------------------------ ports
-    async def _lease(
-        self,
-        res: ReservationRecord,
-        component: str,
-        rank: int,
-        count: int,
-        consecutive: bool,
-        purpose: str,
-    ) -> PortLease:
-        async with self._ports_lock:
-            everyone = [x for r in self._table.reservations.values() for x in r.leases]
-            lease = await lease_ports_for(
-                res, self._plan(res), everyone, component, rank, count, consecutive, purpose
-            )
-            res.leases = [*res.leases, lease]
-            return lease
-
-    async def lease_ports(
-        self,
-        job: str,
-        component: str,
-        rank: int = 0,
-        count: int = 1,
-        consecutive: bool = True,
-        name: str | None = None,
-    ) -> list[int]:
-        """Lease ``count`` ports on the node of ``component``'s ``rank``.
-
-        Each call returns ports not returned before while they are leased (also under
-        concurrent calls), checked free on that node. With ``name``, the call is
-        idempotent: the same name returns the same lease. Leases end with the
-        reservation or :meth:`release_ports`.
-        """
-        res = self._get(job)
-        count = check_request(count, consecutive)
-        if res.state not in (READY, DEGRADED):
-            raise ReservationError(f"reservation {job!r} is {res.state}; ports need ready")
-        if component not in self._plan(res).components:
-            raise PlacementError(f"unknown component {component!r} in {job!r}")
-        if isinstance(rank, bool) or not isinstance(rank, int):
-            raise PlacementError(f"rank {rank!r}: expected an int")
-        purpose = "extra" if name is None else f"name:{name}"
-        if name is not None:
-            if not isinstance(name, str) or not name:
-                raise PlacementError(f"name {name!r}: expected a non-empty string")
-            for lease in res.leases:
-                if (lease.component, lease.rank, lease.purpose) == (component, rank, purpose):
-                    return list(lease.ports)
-        lease = await self._lease(res, component, rank, count, consecutive, purpose)
-        self._save()
-        return list(lease.ports)
-
-    async def release_ports(self, job: str, ports: list[int]) -> int:
-        """End the leases holding any of ``ports`` (master ports stay); returns how many."""
-        res = self._get(job)
-        drop = set(ports) if isinstance(ports, (list, tuple, set)) else set()
-        keep = [x for x in res.leases if x.purpose == MASTER or not drop & set(x.ports)]
-        ended = len(res.leases) - len(keep)
-        if ended:
-            res.leases = keep
-            self._save()
-        return ended
 
     # ------------------------------------------------------------ release
     async def _release_locked(self, job: str) -> bool:

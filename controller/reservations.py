@@ -21,7 +21,7 @@ from controller.errors import PlacementError
 from controller.node_groups import ACCELERATOR, HARDWARE, NODE
 from controller.placement import Placement
 from controller.ports import MASTER, PortLease
-from controller.spec import ClusterSpec
+from controller.spec import ClusterSpec, load_spec
 
 TABLE_VERSION = 1
 TABLE_KEY = b"reservations"
@@ -62,6 +62,29 @@ def check_job(job: object) -> str:
             "letter or digit"
         )
     return job
+
+
+MAX_TIMEOUT_S = 86_400.0
+
+
+def coerce_spec(spec: Any) -> ClusterSpec:
+    """A spec sent to the controller, validated: anything load_spec takes, or a ClusterSpec."""
+    if isinstance(spec, ClusterSpec):
+        # Re-validate the types of a record that came over the wire.
+        try:
+            return msgspec.convert(msgspec.to_builtins(spec), ClusterSpec)
+        except (msgspec.ValidationError, TypeError) as e:
+            raise ReservationError(f"malformed ClusterSpec: {e}") from None
+    return load_spec(spec)
+
+
+def check_timeout(timeout_s: Any) -> float:
+    """A reserve timeout in seconds, checked to be a number in (0, MAX_TIMEOUT_S]."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+        raise ReservationError(f"timeout_s {timeout_s!r}: expected a number of seconds")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise ReservationError(f"timeout_s {timeout_s}: must be in (0, {MAX_TIMEOUT_S:g}]")
+    return float(timeout_s)
 
 
 class BundleRecord(msgspec.Struct, frozen=True):

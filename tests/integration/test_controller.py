@@ -208,11 +208,16 @@ def test_release_frees_every_resource(ctl):
     assert not live_groups(ray.get(ctl.handle.group_prefix.remote()) + "big:")
 
 
-def test_group_removed_behind_our_back_marks_degraded(ctl):
+def test_group_removed_behind_our_back_is_recreated_on_its_node(ctl):
     res = ctl.reserve("fragile", one_node("0-1"), timeout_s=30)
-    ray.util.remove_placement_group(group_handle(res.info.slots[0].group_id))
-    info = wait_for(lambda: (i := ctl.status("fragile")).state == "degraded" and i, timeout=10)
-    assert "was removed" in info.reason
+    (slot,) = res.info.slots
+    ray.util.remove_placement_group(group_handle(slot.group_id))
+    info = wait_for(lambda: (i := ctl.status("fragile")).epoch == 2 and i.state == "ready" and i)
+    (again,) = info.slots
+    assert again.node_id == slot.node_id and again.group_id != slot.group_id
+    assert set(live_groups(ray.get(ctl.handle.group_prefix.remote()) + "fragile:")) == {
+        again.group_id
+    }
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""Seeded chaos on a local cluster: reserve, release, controller kills, node loss and
+node arrival, with placectl's invariants checked after every step.
+
+Invariants, checked once the controller has settled after each step:
+  * no double-booking: no (node, physical accelerator) is held by two reservations;
+  * no leak: the placement groups named by this controller are exactly those the
+    reservation table references;
+  * table = groups: every ready reservation's groups are CREATED, on alive nodes;
+  * stable assignments: a reservation's assignments change only when its epoch does.
+
+Usage: scripts/chaos.py [--steps 200] [--seed 1]
+Prints every operation, the faults injected, the violations found; exits 1 on any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+from collections import Counter
+
+import ray
+from ray.cluster_utils import Cluster
+from ray.util.placement_group import placement_group_table
+
+import clients
+from controller import PlacementError
+
+GPUS = 4
+JOBS = ["a", "b", "c", "d"]
+SPECS = [
+    {"num_nodes": 2, "component_placement": {"actor": "0-1"}},
+    {"num_nodes": 2, "component_placement": {"actor,rollout": "2-3"}},
+    {"num_nodes": 3, "component_placement": {"actor": "4-7:0-1"}},
+    {"num_nodes": 3, "component_placement": {"actor": "6-7", "ref": "6-7:0"}},
+    {
+        "num_nodes": 4,
+        "component_placement": {"actor": "8-9", "svc": {"node_group": "node", "placement": "0"}},
+    },
+]
+
+
+class Chaos:
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+        for _ in range(3):
+            self.cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
+        self.cluster.wait_for_nodes()
+        ray.init(address=self.cluster.address, logging_level="ERROR", log_to_driver=False)
+        self.ctl = clients.connect()
+        self.prefix = ray.get(self.ctl.handle.group_prefix.remote())
+        self.seen: dict[str, tuple[float, int, dict]] = {}
+        self.ops: Counter = Counter()
+        self.faults: Counter = Counter()
+        self.violations: list[str] = []
+        self.replaced = 0  # slot replacements seen (epoch increases)
+
+    # ------------------------------------------------------------ operations
+    def gpu_nodes(self):
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        return [n for n in self.cluster.worker_nodes if n.node_id in alive]
+
+    def step(self, i: int) -> str:
+        r = self.rng.random()
+        job = self.rng.choice(JOBS)
+        if r < 0.40:
+            spec = self.rng.choice(SPECS)
+            replace = self.rng.random() < 0.3
+            self.ops["reserve"] += 1
+            try:
+                self.ctl.reserve(job, spec, timeout_s=4, replace=replace, progress=lambda m: None)
+                return f"reserve {job} {spec['component_placement']} replace={replace}: ok"
+            except PlacementError as e:
+                return f"reserve {job}: {type(e).__name__}"
+        if r < 0.65:
+            self.ops["release"] += 1
+            return f"release {job}: {self.ctl.release(job)}"
+        if r < 0.77:
+            self.faults["controller kill"] += 1
+            before = self.ctl.check_alive()
+            ray.kill(self.ctl.handle, no_restart=False)
+            self.wait(lambda: self._alive_again(before), 60)
+            return "FAULT kill controller: restarted"
+        if r < 0.89:
+            nodes = self.gpu_nodes()
+            if len(nodes) <= 2:
+                return "remove node: skipped (2 left)"
+            victim = self.rng.choice(nodes)
+            self.faults["node removed"] += 1
+            self.cluster.remove_node(victim)
+            return f"FAULT remove node {victim.node_id[:8]}"
+        if len(self.gpu_nodes()) >= 4:
+            return "add node: skipped (4 present)"
+        self.faults["node added"] += 1
+        node = self.cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
+        self.cluster.wait_for_nodes()
+        return f"add node {node.node_id[:8]}"
+
+    def _alive_again(self, before: str) -> bool:
+        try:
+            return self.ctl.check_alive() != before
+        except ray.exceptions.RayActorError:
+            return False
+
+    @staticmethod
+    def wait(predicate, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(0.2)
+        return False
+
+    # ------------------------------------------------------------ invariants
+    def settled(self) -> bool:
+        """No call in flight, the groups match the table, and the controller has seen
+        every node death (a ready reservation has all its groups placed)."""
+        table = self.ctl.table().reservations
+        if any(r.state in ("pending", "releasing") for r in table.values()):
+            return False
+        if self._live_groups() != {s.group_id for r in table.values() for s in r.slots}:
+            return False
+        return not self._unplaced_but_ready(table)
+
+    @staticmethod
+    def _unplaced_but_ready(table) -> list[str]:
+        groups = placement_group_table()
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        out = []
+        for r in table.values():
+            if r.state != "ready":
+                continue
+            for s in r.slots:
+                info = groups.get(s.group_id)
+                if info is None or info["state"] != "CREATED" or s.node_id not in alive:
+                    out.append(f"{r.job} is ready but its group {s.group_id} is not placed")
+        return out
+
+    def _live_groups(self) -> set[str]:
+        return {
+            gid
+            for gid, info in placement_group_table().items()
+            if info["state"] != "REMOVED" and (info.get("name") or "").startswith(self.prefix)
+        }
+
+    def check(self, i: int) -> None:
+        # Let replacements that can happen, happen (a degraded one may wait for a node).
+        self.wait(self.settled, 20)
+        table = self.ctl.table().reservations
+        bad = self._unplaced_but_ready(table)
+        held = Counter(
+            (s.node_id, b.physical_id)
+            for r in table.values()
+            for s in r.slots
+            for b in s.bundles
+            if b.kind == "accelerator"
+        )
+        bad += [f"double-booked {k}" for k, n in held.items() if n > 1]
+        live = self._live_groups()
+        referenced = {s.group_id for r in table.values() for s in r.slots}
+        if live != referenced:
+            bad.append(
+                f"groups {sorted(live - referenced)} leaked, {sorted(referenced - live)} missing"
+            )
+        for r in table.values():
+            if r.state == "ready":
+                res = self.ctl.reservation(r.job)
+                now = {c: res.assignments(c) for c in res.components}
+                prev = self.seen.get(r.job)
+                if prev and prev[0] == r.created_at and prev[1] == r.epoch and prev[2] != now:
+                    bad.append(f"{r.job}: assignments changed within epoch {r.epoch}")
+                if prev and prev[0] == r.created_at and r.epoch > prev[1]:
+                    self.replaced += r.epoch - prev[1]
+                self.seen[r.job] = (r.created_at, r.epoch, now)
+        for b in bad:
+            self.violations.append(f"step {i}: {b}")
+            print(f"      VIOLATION {b}", flush=True)
+
+    def close(self) -> None:
+        self.ctl.release_all()
+        ray.shutdown()
+        self.cluster.shutdown()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    chaos = Chaos(args.seed)
+    started = time.monotonic()
+    try:
+        for i in range(1, args.steps + 1):
+            what = chaos.step(i)
+            chaos.check(i)
+            states = Counter(r.state for r in chaos.ctl.table().reservations.values())
+            print(f"{i:4d} {what}  | {dict(states)}", flush=True)
+    finally:
+        summary = (
+            f"chaos seed {args.seed}: {args.steps} steps in {time.monotonic() - started:.0f} s; "
+            f"operations {dict(chaos.ops)}; faults {dict(chaos.faults)}; "
+            f"replacements {chaos.replaced}; violations {len(chaos.violations)}"
+        )
+        chaos.close()
+        print(summary)
+        for v in chaos.violations:
+            print("  " + v)
+    return 1 if chaos.violations else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
