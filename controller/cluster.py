@@ -93,14 +93,8 @@ def order_nodes(nodes: list[NodeView]) -> list[NodeView]:
     return sorted(nodes, key=lambda n: (not n.is_head, _ip_key(n.ip), n.node_id))
 
 
-class _NodeEntry(msgspec.Struct, forbid_unknown_fields=True):
-    num_gpus: int = 0
-    resources: dict[str, float] = {}
-    labels: dict[str, str] = {}
-    node_id: str = ""
-    ip: str = ""
-    is_head: bool = False
-    count: int = 1
+class _NodeEntry(NodeView, kw_only=True, forbid_unknown_fields=True):
+    count: int = 1  # that many identical nodes
 
 
 def load_cluster_view(source) -> ClusterView:
@@ -112,7 +106,7 @@ def load_cluster_view(source) -> ClusterView:
     Raises:
         PlacementError: unreadable input or a malformed node; the message names it.
     """
-    from controller.spec import convert, read_document
+    from controller.documents import convert, read_document
 
     data = read_document(source)
     if isinstance(data, dict) and "nodes" in data:
@@ -122,17 +116,7 @@ def load_cluster_view(source) -> ClusterView:
     for i, e in enumerate(entries):
         if e.count < 0:
             raise PlacementError(f"nodes[{i}].count {e.count}: must be >= 0")
-        try:
-            node = NodeView(
-                num_gpus=e.num_gpus,
-                resources=e.resources,
-                labels=e.labels,
-                node_id=e.node_id,
-                ip=e.ip,
-                is_head=e.is_head,
-            )
-        except PlacementError as err:
-            raise PlacementError(f"nodes[{i}]: {err}") from None
+        node = NodeView(**{f: getattr(e, f) for f in NodeView.__struct_fields__})
         nodes.extend([node] * e.count)
     return ClusterView(nodes=nodes)
 

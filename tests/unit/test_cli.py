@@ -160,3 +160,20 @@ def test_console_script_end_to_end(tmp_path):
         "segments must be in ascending resource order, but '0-1' follows '4-5'"
     )
     assert proc.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("nodes", "message"),
+    [
+        ("nodes:\n  - {num_gpus: -1}\n", "nodes[0]: NodeView num_gpus -1: must be >= 0"),
+        ("nodes:\n  - {num_gpus: 2, colour: red}\n", "nodes[0]: unknown key 'colour'"),
+        ("nodes:\n  - {num_gpus: 2, count: -1}\n", "nodes[0].count -1: must be >= 0"),
+        ("- 3\n", "nodes[0]: expected `object`, got `int`"),
+    ],
+)
+def test_bad_cluster_file(capsys, tmp_path, nodes, message):
+    f = tmp_path / "nodes.yaml"
+    f.write_text(nodes)
+    code, _, err = run(capsys, "plan", str(EXAMPLES / "colocated.yaml"), "--cluster", str(f))
+    assert code == 2
+    assert message in err and err.count("\n") == 1
