@@ -86,6 +86,7 @@ class WorkerGroup:
         reservation: Any,
         component: str,
         actors: list,
+        assignments: list[Assignment],
         detached: bool = False,
         launch: tuple | None = None,
     ):
@@ -93,7 +94,7 @@ class WorkerGroup:
         self.component = component
         self._actors = list(actors)
         self.detached = detached
-        self._assignments = list(reservation.assignments(component))
+        self._assignments = list(assignments)  # as launched: repair() compares against it
         self._launch = launch  # (actor class, args, kwargs, env, actor_options)
 
     @classmethod
@@ -134,14 +135,15 @@ class WorkerGroup:
                 )
         actors = [actor_cls.options(**o).remote(*args, **kwargs) for o in all_options]
         launch = (actor_cls, args, kwargs, env, actor_options)
-        return cls(reservation, component, actors, detached, launch)
+        return cls(reservation, component, actors, assignments, detached, launch)
 
     @classmethod
     def attach(cls, reservation: Any, component: str) -> WorkerGroup:
         """Find the running detached workers of ``component`` (launched with
         ``detached=True``), e.g. from a restarted driver."""
         actors = []
-        for a in reservation.assignments(component):
+        assignments = reservation.assignments(component)
+        for a in assignments:
             name = worker_name(reservation.job, component, a.placement.rank)
             try:
                 actors.append(ray.get_actor(name, namespace=WORKER_NAMESPACE))
@@ -150,7 +152,7 @@ class WorkerGroup:
                     f"no running worker {name!r} (namespace {WORKER_NAMESPACE!r}); launch "
                     "the group with detached=True first"
                 ) from None
-        return cls(reservation, component, actors, detached=True)
+        return cls(reservation, component, actors, assignments, detached=True)
 
     @property
     def actors(self) -> list:
