@@ -1,23 +1,49 @@
 """The ``placectl`` command line.
 
 Every failure prints one line, ``placectl: error: ...``, naming the input at fault, and
-exits non-zero (2 for bad input); no traceback reaches the user.
+exits non-zero (2 for bad input); ``placectl --debug ...`` shows the traceback behind it.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 import click
 
 from controller import ClusterView, ComponentPlacement, PlacementError, load_spec
-from controller.cluster import load_cluster_view
+from controller.planning.cluster import load_cluster_view
+
+_DEBUG = False
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def cli() -> None:
+@click.option("--debug", is_flag=True, help="Show the traceback behind an error.")
+def cli(debug: bool) -> None:
     """placectl: placement controller for RL post-training on Ray."""
+    global _DEBUG
+    _DEBUG = debug
+
+
+def _dry_run_view(spec, nodes, gpus_per_node) -> ClusterView:
+    nodes = spec.num_nodes if nodes is None else nodes
+    gpus_per_node = spec.num_gpus_per_node if gpus_per_node is None else gpus_per_node
+    if gpus_per_node is None:
+        from clients.discovery import running_cluster_view
+
+        view = running_cluster_view(spec.accelerator)
+        if view is not None:
+            return view
+        raise click.UsageError(
+            "no Ray cluster is running to take the accelerators per node from; give "
+            "--gpus-per-node N (or --cluster nodes.yaml for uneven nodes)"
+        )
+    if nodes < 1 or gpus_per_node < 0:
+        raise click.UsageError(
+            f"--nodes {nodes} --gpus-per-node {gpus_per_node}: need nodes >= 1, gpus >= 0"
+        )
+    return ClusterView.uniform(num_nodes=nodes, gpus_per_node=gpus_per_node)
 
 
 @cli.command()
@@ -26,7 +52,7 @@ def cli() -> None:
 @click.option(
     "--gpus-per-node",
     type=int,
-    help="Accelerators per node (default: cluster.num_gpus_per_node).",
+    help="Accelerators per node (default: the running cluster's, else cluster.num_gpus_per_node).",
 )
 @click.option(
     "--cluster",
@@ -42,15 +68,7 @@ def plan(config, nodes, gpus_per_node, cluster_file, as_json) -> None:
             raise click.UsageError("give either --cluster or --nodes/--gpus-per-node, not both")
         view = load_cluster_view(cluster_file)
     else:
-        nodes = spec.num_nodes if nodes is None else nodes
-        gpus_per_node = spec.num_gpus_per_node if gpus_per_node is None else gpus_per_node
-        if gpus_per_node is None:
-            raise click.UsageError("--gpus-per-node is required (or set cluster.num_gpus_per_node)")
-        if nodes < 1 or gpus_per_node < 0:
-            raise click.UsageError(
-                f"--nodes {nodes} --gpus-per-node {gpus_per_node}: need nodes >= 1, gpus >= 0"
-            )
-        view = ClusterView.uniform(num_nodes=nodes, gpus_per_node=gpus_per_node)
+        view = _dry_run_view(spec, nodes, gpus_per_node)
     cp = ComponentPlacement(spec, view)
     if as_json:
         click.echo(json.dumps(cp.to_dict()))
@@ -69,9 +87,13 @@ address_option = click.option(
 
 
 def _connect(address: str, start: bool = False):
+    import ray
+
     import clients
 
     try:
+        if not ray.is_initialized():
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         return clients.connect(address=address, start=start)
     except ConnectionError as e:
         raise click.ClickException(
@@ -82,7 +104,7 @@ def _connect(address: str, start: bool = False):
 @cli.command()
 @address_option
 def start(address) -> None:
-    """Start the controller on the cluster (get-or-create; safe to repeat)."""
+    """Start the controller on the cluster's head node (get-or-create; safe to repeat)."""
     ctl = _connect(address, start=True)
     click.echo(f"placectl controller {ctl.name!r} is running ({len(ctl.list())} reservation(s))")
 
@@ -101,21 +123,14 @@ def stop(address, release_all) -> None:
     click.echo("placectl controller stopped")
 
 
-@cli.command()
-@click.argument("job", required=False)
-@address_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status(job, address, as_json) -> None:
-    """List reservations, or show JOB's map with real IPs and physical accelerator ids."""
+def _status_text(ctl, job, as_json) -> str:
     import msgspec
 
     from clients.render import render_reservation, render_reservations
 
-    ctl = _connect(address)
     if job is None:
         infos = ctl.list()
-        click.echo(msgspec.json.encode(infos).decode() if as_json else render_reservations(infos))
-        return
+        return msgspec.json.encode(infos).decode() if as_json else render_reservations(infos)
     res = ctl.reservation(job)
     assignments = (
         {name: res.assignments(name) for name in res.components}
@@ -123,10 +138,35 @@ def status(job, address, as_json) -> None:
         else {}
     )
     if as_json:
-        data = {"reservation": res.info, "assignments": assignments}
-        click.echo(msgspec.json.encode(data).decode())
-    else:
-        click.echo(render_reservation(res.info, assignments))
+        return msgspec.json.encode({"reservation": res.info, "assignments": assignments}).decode()
+    return render_reservation(res.info, assignments)
+
+
+@cli.command()
+@click.argument("job", required=False)
+@address_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--watch", is_flag=True, help="Redraw whenever the state changes (Ctrl-C ends).")
+@click.option("--interval", type=float, default=1.0, show_default=True, help="With --watch.")
+def status(job, address, as_json, watch, interval) -> None:
+    """List reservations, or show JOB's map with real IPs and physical accelerator ids."""
+    ctl = _connect(address)
+    health = ctl.health()
+    if health.get("refusal"):
+        raise click.ClickException(
+            f"the controller refuses to act: the reservation table cannot be read: "
+            f"{health['refusal']}"
+        )
+    text = _status_text(ctl, job, as_json)
+    click.echo(text)
+    last = text
+    while watch:
+        time.sleep(interval)
+        text = _status_text(ctl, job, as_json)
+        if text != last:
+            click.echo(f"\n--- {time.strftime('%H:%M:%S')}")
+            click.echo(text)
+            last = text
 
 
 @cli.command()
@@ -135,17 +175,36 @@ def status(job, address, as_json) -> None:
 @address_option
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True)
 @click.option("--replace", is_flag=True, help="Replace a reservation with another spec.")
-def reserve(job, config, address, timeout_s, replace) -> None:
+@click.option(
+    "--repair",
+    type=click.Choice(["auto", "manual"]),
+    default="auto",
+    show_default=True,
+    help="Replace a lost node's slot at once, or wait for `placectl repair`.",
+)
+def reserve(job, config, address, timeout_s, replace, repair) -> None:
     """Reserve CONFIG's resources for JOB (idempotent). Waits, with progress, until the
-    cluster can place it or the timeout passes."""
+    cluster can place it or the timeout passes; Ctrl-C cancels it."""
     spec = load_spec(config)
     ctl = _connect(address, start=True)
-    res = ctl.reserve(job, spec, timeout_s=timeout_s, replace=replace)
+    res = ctl.reserve(job, spec, timeout_s=timeout_s, replace=replace, repair=repair)
     info = res.info
     click.echo(
-        f"{job}: {info.state}, {len(info.slots)} node slot(s), {info.num_accelerators} "
-        f"{info.accelerator}, components "
+        f"{job}: {info.state}, epoch {info.epoch}, {len(info.slots)} node slot(s), "
+        f"{info.num_accelerators} {info.accelerator}, components "
         + ", ".join(f"{n} x{w}" for n, w in info.components.items())
+    )
+
+
+@cli.command()
+@click.argument("job")
+@address_option
+def repair(job, address) -> None:
+    """Replace JOB's lost node slots now (reservations made with --repair manual wait
+    for this)."""
+    info = _connect(address).repair(job)
+    click.echo(
+        f"{job}: {info.state}, epoch {info.epoch}" + (f" ({info.reason})" if info.reason else "")
     )
 
 
@@ -168,21 +227,28 @@ def release(job, address, all_) -> None:
 
 
 def _fail(message: str, code: int) -> None:
+    if _DEBUG:
+        import traceback
+
+        traceback.print_exc()
     click.echo(f"placectl: error: {' '.join(str(message).split())}", err=True)
     sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``placectl`` console script."""
+    global _DEBUG
+    args = sys.argv[1:] if argv is None else list(argv)
+    _DEBUG = "--debug" in args[:1]
     try:
-        cli.main(args=argv, prog_name="placectl", standalone_mode=False)
+        cli.main(args=args, prog_name="placectl", standalone_mode=False)
     except PlacementError as e:
         _fail(str(e), 2)
     except click.UsageError as e:
         _fail(e.format_message(), 2)
     except click.ClickException as e:
         _fail(e.format_message(), e.exit_code or 1)
-    except click.Abort:
+    except (click.Abort, KeyboardInterrupt):
         _fail("aborted", 130)
     except BrokenPipeError:
         sys.exit(1)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from controller import ComponentPlacement
-from controller.node_groups import ACCELERATOR, HARDWARE
-from controller.ranks import format_ranks
+from controller.planning.node_groups import ACCELERATOR, HARDWARE
+from controller.planning.ranks import format_ranks
 
 _HEAD, _TAIL = 16, 4  # nodes shown before and after an elision in large clusters
 
@@ -89,7 +89,17 @@ def _span(values: list) -> str:
 
 def render_summary(cp: ComponentPlacement) -> list[str]:
     """One line per component: world size, nodes, processes per resource, share."""
-    header = ["component", "group", "world", "nodes", "procs/res", "res/proc", "share", "isolate"]
+    header = [
+        "component",
+        "group",
+        "world",
+        "nodes",
+        "procs/res",
+        "res/proc",
+        "share",
+        "child",
+        "isolate",
+    ]
     rows = [header]
     for name in cp.components:
         pool = cp.pool(name)
@@ -111,11 +121,24 @@ def render_summary(cp: ComponentPlacement) -> list[str]:
                 f"{_span(list(per_res.values()))}/{res_name}",
                 f"{_span([len(p.resource_ranks) for p in ps])} {res_name}",
                 _span([p.accelerator_share for p in ps]) if pool.kind == ACCELERATOR else "-",
+                _span([p.child_share for p in ps]) if spec.starts_children and ps else "-",
                 ("yes" if spec.isolate else "no") if pool.kind == ACCELERATOR else "-",
             ]
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    engines = [n for n in cp.components if cp.spec.component(n).starts_children]
+    if engines:
+        lines.append("")
+        lines.append(
+            "engines (" + ", ".join(engines) + "): each process may start one child per "
+            "accelerator it holds (Assignment.child_options(i)); the child column is the "
+            "share each child requests"
+        )
+    hardware = sorted({cp.pool(n).hardware for n in cp.components if cp.pool(n).kind == HARDWARE})
+    if hardware:
+        lines.append("hardware units are requested from Ray as: " + ", ".join(hardware))
+    return lines
 
 
 def render_reservation(info, assignments: dict[str, list]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -11,26 +12,35 @@ import msgspec
 import ray
 
 from controller import ClusterSpec, PlacementError, load_spec
-from controller.reservations import (
-    TABLE_KEY,
-    Assignment,
+from controller.errors import (
+    ReservationCancelled,
     ReservationError,
-    ReservationRecord,
     ReservationTimeout,
-    Table,
+    StaleReservation,
+    TableUnreadable,
     UnknownReservation,
-    build_assignments,
-    check_job,
-    decode_table,
-    kv_namespace,
-    plan_of,
 )
-from controller.status import ReservationInfo, summarize
+from controller.state.assignments import Assignment, Published
+from controller.state.records import AUTO, ReservationRecord
+from controller.state.requests import check_job
+from controller.state.status import ReservationInfo, summarize
+from controller.state.table import (
+    ASSIGNMENTS,
+    LEGACY_KEY,
+    META,
+    RECORD,
+    check_meta,
+    decode,
+    key,
+    kv_namespace,
+)
 
 DEFAULT_NAME = "placectl"
 DEFAULT_NAMESPACE = "placectl"
+HEAD_RESOURCE = "node:__internal_head__"
 _INFO = msgspec.msgpack.Decoder(ReservationInfo)
 _INFOS = msgspec.msgpack.Decoder(list[ReservationInfo])
+_PUBLISHED = msgspec.msgpack.Decoder(Published)
 
 
 def _unwrap(fn: Callable[[], Any]) -> Any:
@@ -44,18 +54,6 @@ def _unwrap(fn: Callable[[], Any]) -> Any:
         raise
 
 
-def _init_ray(address: str | None) -> None:
-    if ray.is_initialized():
-        return
-    ray.init(
-        address=address,
-        namespace=DEFAULT_NAMESPACE,
-        logging_level="WARNING",
-        log_to_driver=False,
-        configure_logging=True,
-    )
-
-
 def connect(
     address: str | None = None,
     start: bool = True,
@@ -66,9 +64,11 @@ def connect(
 
     Args:
         address: Ray address (``"auto"`` for a running cluster). With ``None`` and no
-            cluster running, Ray starts a local instance. Ignored if Ray is initialised.
+            cluster running, Ray starts a local instance. If Ray is initialised already,
+            nothing about it changes: not its namespace, not where worker logs go.
         start: create the controller if it does not exist. Two drivers starting it at
-            once get the same one.
+            once get the same one. It is pinned to the head node with a sliver of the
+            head's own resource, so a restart brings it back there.
         name, namespace: the controller actor's name and namespace.
 
     Returns:
@@ -77,7 +77,8 @@ def connect(
     Raises:
         PlacementError: no controller exists and ``start`` is False.
     """
-    _init_ray(address)
+    if not ray.is_initialized():
+        ray.init(address=address)
     try:
         handle = ray.get_actor(name, namespace=namespace)
         created = False
@@ -87,13 +88,8 @@ def connect(
                 f"no placectl controller named {name!r} in namespace {namespace!r}; start one "
                 "with `placectl start` or connect(start=True)"
             ) from None
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        from controller.runtime.controller import PlacementController
 
-        from controller.actor import PlacementController
-        from controller.raylib import head_node_id
-
-        head = head_node_id()
-        strategy = NodeAffinitySchedulingStrategy(head, soft=True) if head else "DEFAULT"
         handle = (
             ray.remote(PlacementController)
             .options(
@@ -104,8 +100,8 @@ def connect(
                 max_restarts=-1,
                 max_task_retries=-1,
                 num_cpus=0,
+                resources={HEAD_RESOURCE: 0.001},
                 max_concurrency=1000,
-                scheduling_strategy=strategy,
             )
             .remote(name)
         )
@@ -116,17 +112,37 @@ def connect(
     return ctl
 
 
-class Controller:
-    """A driver's handle to the controller. Every method is a call to the actor."""
+def _kv_get(controller_name: str, k: bytes) -> bytes | None:
+    from ray.experimental import internal_kv
 
-    def __init__(self, handle: Any, name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE):
+    return internal_kv._internal_kv_get(k, namespace=kv_namespace(controller_name))
+
+
+class Controller:
+    """A driver's handle to the controller. Mutations are calls to the actor; reads of a
+    reservation go straight to the table in the GCS."""
+
+    def __init__(
+        self, handle: Any = None, name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE
+    ):
         self.handle = handle
         self.name = name
         self.namespace = namespace
 
+    def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        if self.handle is None:  # made for reading the table only; find the actor now
+            self.handle = ray.get_actor(self.name, namespace=self.namespace)
+        ref = getattr(self.handle, method).remote(*args)
+        return _unwrap(lambda: ray.get(ref, timeout=timeout))
+
     def check_alive(self) -> str:
         """Round-trip to the controller; returns its incarnation id (new on each restart)."""
-        return _unwrap(lambda: ray.get(self.handle.check_alive.remote()))
+        return self._call("check_alive")
+
+    def health(self) -> dict[str, Any]:
+        """The controller's incarnation, whether it has recovered, and why it refuses to
+        act if it does (an unreadable table)."""
+        return self._call("health")
 
     def reserve(
         self,
@@ -135,98 +151,141 @@ class Controller:
         timeout_s: float = 300.0,
         replace: bool = False,
         progress: Callable[[str], None] | None = None,
+        repair: str = AUTO,
     ) -> Reservation:
         """Reserve ``spec`` (a path, YAML, dict or ClusterSpec) for ``job``.
 
         Idempotent: the same job and spec returns the existing reservation. While the
         controller waits for resources, what it is waiting for is passed to ``progress``
-        (default: printed to stderr) every time it changes.
+        (default: printed to stderr) every time it changes. Ctrl-C cancels the pending
+        reservation, and nothing is left behind.
+
+        Args:
+            repair: ``auto`` replaces a lost node's slot at once; ``manual`` leaves the
+                reservation degraded until :meth:`Reservation.repair`.
 
         Raises:
             PlacementError: the configuration does not fit the cluster.
             ReservationTimeout: not satisfied within ``timeout_s``; nothing is left behind.
             ReservationConflict: ``job`` is reserved with another spec and not ``replace``.
+            ReservationCancelled: a ``release`` of the job (or Ctrl-C) cancelled it.
         """
         spec = spec if isinstance(spec, ClusterSpec) else load_spec(spec)
         say = progress or (lambda m: print(f"placectl: {job}: {m}", file=sys.stderr, flush=True))
-        ref = self.handle.reserve.remote(job, spec, timeout_s, replace)
+        ref = self.handle.reserve.remote(job, spec, timeout_s, replace, repair)
         last = ""
-        while not ray.wait([ref], timeout=1.0)[0]:
-            try:
-                message = ray.get(self.handle.progress.remote(job), timeout=5)
-            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
-                continue
-            if message and message != last:
-                say(message)
-                last = message
+        try:
+            while not ray.wait([ref], timeout=1.0)[0]:
+                try:
+                    message = ray.get(self.handle.progress.remote(job), timeout=5)
+                except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+                    continue
+                if message and message != last:
+                    say(message)
+                    last = message
+        except KeyboardInterrupt:
+            ray.get(self.handle.cancel.remote(job), timeout=60)
+            raise
         info = _INFO.decode(_unwrap(lambda: ray.get(ref)))
         return Reservation(self, info)
 
     def reservation(self, job: str) -> Reservation:
         """Attach to an existing reservation.
 
-        Reads the persisted table straight from the GCS key-value store, so attaching
-        costs one GCS read and no call to the controller.
+        Reads the table straight from the GCS key-value store (the job's record and its
+        published assignments): no call to the controller, so it works while the
+        controller restarts.
         """
         return Reservation(self, self.record(job))
 
-    def table(self) -> Table:
-        """The persisted reservation table, read from the GCS key-value store."""
-        from ray.experimental import internal_kv
-
-        data = internal_kv._internal_kv_get(TABLE_KEY, namespace=kv_namespace(self.name))
-        return decode_table(data)
+    def _check_table(self) -> None:
+        meta = _kv_get(self.name, META)
+        check_meta(meta)
+        if meta is None and _kv_get(self.name, LEGACY_KEY) is not None:
+            raise TableUnreadable(
+                "the table is still in format 1 (placectl 0.1); start the controller "
+                "(`placectl start`), which migrates it"
+            )
 
     def record(self, job: str) -> ReservationRecord:
         """The stored record of ``job``."""
         check_job(job)
-        records = self.table().reservations
-        if job not in records:
-            known = ", ".join(sorted(records)) or "none"
+        data = _kv_get(self.name, key(RECORD, job))
+        if data is None:
+            self._check_table()
+            known = ", ".join(sorted(self.table())) or "none"
             raise UnknownReservation(f"no reservation named {job!r} (reserved: {known})")
-        return records[job]
+        return decode(data, ReservationRecord, f"record {job!r}")
+
+    def published(self, job: str) -> Published | None:
+        """The stored assignments of ``job``'s latest epoch (None before it is ready)."""
+        data = _kv_get(self.name, key(ASSIGNMENTS, job))
+        return None if data is None else decode(data, Published, f"assignments of {job!r}")
+
+    def table(self) -> dict[str, ReservationRecord]:
+        """Every stored record, by job name, read from the GCS (not from the controller)."""
+        from ray.experimental import internal_kv
+
+        self._check_table()
+        ns = kv_namespace(self.name)
+        keys = internal_kv._internal_kv_list(RECORD, namespace=ns)
+        out = {}
+        for k in keys:
+            data = internal_kv._internal_kv_get(k, namespace=ns)
+            if data is not None:
+                record = decode(data, ReservationRecord, f"record {k.decode()!r}")
+                out[record.job] = record
+        return dict(sorted(out.items()))
 
     def status(self, job: str) -> ReservationInfo:
-        return _INFO.decode(_unwrap(lambda: ray.get(self.handle.status.remote(job))))
+        return _INFO.decode(self._call("status", job))
 
     def list(self) -> list[ReservationInfo]:
-        return _INFOS.decode(_unwrap(lambda: ray.get(self.handle.list.remote())))
+        return _INFOS.decode(self._call("list"))
 
     def release(self, job: str) -> bool:
-        """Release ``job``; True if it existed. Idempotent."""
-        return _unwrap(lambda: ray.get(self.handle.release.remote(job)))
+        """Release ``job`` (cancelling a reserve of it in progress); True if it existed.
+        Returns once Ray reports every group gone. Idempotent."""
+        return self._call("release", job)
 
     def release_all(self) -> list[str]:
-        return _unwrap(lambda: ray.get(self.handle.release_all.remote()))
+        return self._call("release_all")
+
+    def repair(self, job: str) -> ReservationInfo:
+        """Replace the lost slots of ``job`` now (see ``repair="manual"``)."""
+        return _INFO.decode(self._call("repair", job))
 
     def stop(self) -> None:
         """Kill the controller actor. Reservations and their groups stay; a new
-        controller picks them up from the persisted table."""
+        controller picks them up from the table."""
         ray.kill(self.handle, no_restart=True)
 
 
 class Reservation:
     """A driver's view of one reservation.
 
-    Assignments are computed in the driver from the stored record (the same function
-    the controller uses), so looking them up never queues behind other drivers.
+    Assignments come from the table in the GCS, published by the controller for each
+    epoch: looking them up never queues behind other drivers and never re-plans. The
+    view follows the reservation: when its uid (a new reservation of the same name) or
+    epoch (a replaced slot) changes, the next lookup serves the new assignments.
     """
 
     def __init__(self, controller: Controller, source: ReservationRecord | ReservationInfo):
         self.controller = controller
         self._record: ReservationRecord | None = None
-        self._built: dict[str, list[Assignment]] = {}
+        self._published: Published | None = None
         if isinstance(source, ReservationRecord):
             self._adopt(source)
         else:
             self.info = source
 
     def _adopt(self, record: ReservationRecord) -> None:
-        cp = plan_of(record)
+        if self._published is not None and (
+            self._published.uid != record.uid or self._published.epoch != record.epoch
+        ):
+            self._published = None
         self._record = record
-        self._plan = cp
-        self._built = {}
-        self.info = summarize(record, {n: cp.world_size(n) for n in cp.components})
+        self.info = summarize(record)
 
     @property
     def job(self) -> str:
@@ -237,22 +296,39 @@ class Reservation:
         return self.info.epoch
 
     @property
+    def uid(self) -> str:
+        return self.info.uid
+
+    @property
     def components(self) -> list[str]:
         return list(self.info.components)
 
     def refresh(self) -> ReservationInfo:
-        """Re-read the stored record (state, epoch, slots)."""
-        record = self.controller.record(self.job)
-        if self._record is None or record.epoch != self._record.epoch:
-            self._adopt(record)
-        else:
-            self._record = record
-            self.info = summarize(record, self.info.components)
+        """Re-read the stored record (state, epoch, identity, slots)."""
+        self._adopt(self.controller.record(self.job))
         return self.info
+
+    def _load_published(self) -> Published:
+        record = self._record
+        for _ in range(5):
+            published = self.controller.published(self.job)
+            if published is not None and (published.uid, published.epoch) == (
+                record.uid,
+                record.epoch,
+            ):
+                return published
+            time.sleep(0.05)  # the controller writes assignments just before the record
+            self.refresh()
+            record = self._record
+        # Still apart (a write that failed half way): the controller's memory is consistent.
+        published = _PUBLISHED.decode(self.controller._call("published", self.job))
+        if (published.uid, published.epoch) != (record.uid, record.epoch):
+            raise StaleReservation(f"reservation {self.job!r} changed while being read; retry")
+        return published
 
     def assignments(self, component: str) -> list[Assignment]:
         """Each rank's :class:`Assignment` for ``component``, in rank order, as of the
-        reservation's current epoch (one GCS read; rebuilt only when the epoch moved)."""
+        reservation's current uid and epoch (one GCS read when nothing changed)."""
         self.refresh()
         if self.info.state not in ("ready", "degraded"):
             raise ReservationError(
@@ -263,12 +339,17 @@ class Reservation:
                 f"unknown component {component!r} in {self.job!r}; it has "
                 f"{', '.join(self.info.components)}"
             )
-        if not self._built:
-            self._built = build_assignments(self._record, self._plan)
-        return self._built[component]
+        if self._published is None:
+            self._published = self._load_published()
+        return self._published.components[component]
 
     def release(self) -> bool:
         return self.controller.release(self.job)
+
+    def repair(self) -> ReservationInfo:
+        """Replace lost slots now (the ``manual`` repair policy waits for this)."""
+        self.info = self.controller.repair(self.job)
+        return self.info
 
     def lease_ports(
         self,
@@ -281,25 +362,24 @@ class Reservation:
         """Lease ``count`` ports on the node of ``component``'s ``rank``.
 
         Each call returns ports not returned before while they are leased (concurrent
-        callers included), checked free on that node; ``consecutive`` asks for an
-        unbroken run (inference engines often need one). With ``name`` the call is
-        idempotent. Leases end with the reservation or :meth:`release_ports`.
+        callers included), checked free on that node and outside its ephemeral port
+        range; ``consecutive`` asks for an unbroken run. With ``name`` the call is
+        idempotent; without, a retry of this very call (by Ray, after a controller
+        crash) still finds its lease. Leases end with the reservation or
+        :meth:`release_ports`.
         """
-        handle = self.controller.handle
-        return _unwrap(
-            lambda: ray.get(
-                handle.lease_ports.remote(self.job, component, rank, count, consecutive, name)
-            )
+        request_id = None if name is not None else uuid.uuid4().hex
+        return self.controller._call(
+            "lease_ports", self.job, component, rank, count, consecutive, name, request_id
         )
 
     def release_ports(self, ports: list[int]) -> int:
         """End the leases holding any of ``ports``; master ports stay."""
-        return _unwrap(
-            lambda: ray.get(self.controller.handle.release_ports.remote(self.job, list(ports)))
-        )
+        return self.controller._call("release_ports", self.job, list(ports))
 
     def wait_ready(self, timeout: float = 60.0, poll_s: float = 0.25) -> ReservationInfo:
-        """Block until the reservation is ready; raise ReservationTimeout otherwise."""
+        """Block until the reservation is ready (reading only the table); raise
+        ReservationTimeout otherwise."""
         deadline = time.monotonic() + timeout
         while True:
             info = self.refresh()
@@ -311,3 +391,11 @@ class Reservation:
                     f"{info.reason}"
                 )
             time.sleep(poll_s)
+
+
+__all__ = [
+    "Controller",
+    "Reservation",
+    "ReservationCancelled",
+    "connect",
+]

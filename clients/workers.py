@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
 
 from controller import PlacementError
-from controller.environment import PROTECTED
-from controller.reservations import Assignment
+from controller.errors import ReservationTimeout, StaleReservation
+from controller.state.assignments import Assignment
+from controller.state.environment import check_user_env
 
 WORKER_NAMESPACE = "placectl-workers"
+PROGRESS_PERIOD_S = 5.0
 # Options that decide where and with what a worker runs: the assignment owns them.
 _PLACEMENT_OPTIONS = frozenset(
     {"num_gpus", "num_cpus", "resources", "scheduling_strategy", "placement_group"}
 )
+RankKwargs = Sequence[dict[str, Any]] | Callable[[int], dict[str, Any]] | None
 
 
 def worker_name(job: str, component: str, rank: int) -> str:
@@ -31,12 +37,7 @@ def _check_env(env: dict[str, str] | None) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
     ):
         raise PlacementError(f"env {env!r}: expected a dict of strings to strings")
-    clash = sorted(set(env) & PROTECTED)
-    if clash:
-        raise PlacementError(
-            f"env sets {', '.join(clash)}, which placectl owns and sets for every worker; "
-            "remove it (or choose the placement in the configuration instead)"
-        )
+    check_user_env(env, "env")
     return dict(env)
 
 
@@ -73,6 +74,65 @@ def options_for(
     return options
 
 
+def _rank_kwargs(rank_kwargs: RankKwargs, world: int) -> list[dict[str, Any]]:
+    if rank_kwargs is None:
+        return [{} for _ in range(world)]
+    if callable(rank_kwargs):
+        out = [rank_kwargs(r) for r in range(world)]
+    else:
+        out = list(rank_kwargs)
+        if len(out) != world:
+            raise PlacementError(
+                f"rank_kwargs has {len(out)} entries; the component has {world} ranks"
+            )
+    if not all(isinstance(k, dict) for k in out):
+        raise PlacementError("rank_kwargs: expected one dict of keyword arguments per rank")
+    return out
+
+
+def wait_until_ready(
+    actors: list, label: str, timeout: float, progress: Callable[[str], None] | None = None
+) -> None:
+    """Wait until every actor has started (its constructor returned), printing what is
+    still pending every few seconds.
+
+    Raises:
+        ReservationTimeout: some did not start in time (they are killed).
+        ray.exceptions.RayActorError: a constructor failed (the error names the rank).
+    """
+    say = progress or (lambda m: print(f"placectl: {m}", file=sys.stderr, flush=True))
+    refs = {a.__ray_ready__.remote(): r for r, a in enumerate(actors)}
+    pending = dict(refs)
+    deadline = time.monotonic() + timeout
+    next_say = time.monotonic() + PROGRESS_PERIOD_S
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            ranks = sorted(pending.values())
+            for a in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(a, no_restart=True)
+            raise ReservationTimeout(
+                f"{label}: ranks {ranks} did not start within {timeout:g}s; every worker of "
+                "the group was killed"
+            )
+        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=min(1.0, left))
+        for ref in done:
+            rank = pending.pop(ref)
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                raise PlacementError(f"{label}: rank {rank} failed to start: {e}") from e
+        if pending and time.monotonic() >= next_say:
+            ranks = sorted(pending.values())
+            shown = ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+            say(
+                f"{label}: {len(actors) - len(pending)} of {len(actors)} workers ready; "
+                f"waiting for ranks {shown}"
+            )
+            next_say = time.monotonic() + PROGRESS_PERIOD_S
+
+
 class WorkerGroup:
     """The actors of one component, in rank order.
 
@@ -95,7 +155,7 @@ class WorkerGroup:
         self._actors = list(actors)
         self.detached = detached
         self._assignments = list(assignments)  # as launched: repair() compares against it
-        self._launch = launch  # (actor class, args, kwargs, env, actor_options)
+        self._launch = launch  # (actor class, args, kwargs, env, actor_options, rank kwargs)
 
     @classmethod
     def launch(
@@ -107,6 +167,10 @@ class WorkerGroup:
         env: dict[str, str] | None = None,
         actor_options: dict[str, Any] | None = None,
         detached: bool = False,
+        rank_kwargs: RankKwargs = None,
+        wait: bool = True,
+        timeout: float = 300.0,
+        progress: Callable[[str], None] | None = None,
         **kwargs: Any,
     ) -> WorkerGroup:
         """Start one ``worker_cls`` actor per rank of ``component`` in its bundle.
@@ -121,21 +185,47 @@ class WorkerGroup:
                 options are the reservation's and are refused.
             detached: name the workers after job/component/rank and detach them, so a
                 restarted driver finds them with :meth:`attach`.
+            rank_kwargs: per-rank keyword arguments, a list (one dict per rank) or a
+                function of the rank; merged over ``kwargs``.
+            wait: wait until every worker's constructor has returned (default), with
+                progress on stderr every few seconds.
+            timeout: how long to wait; then every worker is killed and
+                :class:`ReservationTimeout` raised.
+            progress: where progress goes (default stderr).
         """
         assignments = reservation.assignments(component)
         actor_cls = worker_cls if hasattr(worker_cls, "options") else ray.remote(worker_cls)
-        name = reservation.controller.name
-        all_options = [options_for(a, name, env, actor_options) for a in assignments]
+        per_rank = _rank_kwargs(rank_kwargs, len(assignments))
+        actors = [
+            cls._start(
+                reservation,
+                component,
+                actor_cls,
+                a,
+                args,
+                {**kwargs, **extra},
+                env,
+                actor_options,
+                detached,
+            )
+            for a, extra in zip(assignments, per_rank, strict=True)
+        ]
+        launch = (actor_cls, args, kwargs, env, actor_options, per_rank)
+        group = cls(reservation, component, actors, assignments, detached, launch)
+        if wait:
+            wait_until_ready(actors, f"{reservation.job}/{component}", timeout, progress)
+        return group
+
+    @staticmethod
+    def _start(reservation, component, actor_cls, a, args, kwargs, env, actor_options, detached):
+        options = options_for(a, reservation.controller.name, env, actor_options)
         if detached:
-            for a, options in zip(assignments, all_options, strict=True):
-                options.update(
-                    name=worker_name(reservation.job, component, a.placement.rank),
-                    namespace=WORKER_NAMESPACE,
-                    lifetime="detached",
-                )
-        actors = [actor_cls.options(**o).remote(*args, **kwargs) for o in all_options]
-        launch = (actor_cls, args, kwargs, env, actor_options)
-        return cls(reservation, component, actors, assignments, detached, launch)
+            options.update(
+                name=worker_name(reservation.job, component, a.placement.rank),
+                namespace=WORKER_NAMESPACE,
+                lifetime="detached",
+            )
+        return actor_cls.options(**options).remote(*args, **kwargs)
 
     @classmethod
     def attach(cls, reservation: Any, component: str) -> WorkerGroup:
@@ -159,6 +249,11 @@ class WorkerGroup:
         """Actor handles in rank order."""
         return list(self._actors)
 
+    @property
+    def assignments(self) -> list[Assignment]:
+        """The assignments the running workers were started with, in rank order."""
+        return list(self._assignments)
+
     def __len__(self) -> int:
         return len(self._actors)
 
@@ -176,12 +271,30 @@ class WorkerGroup:
             raise PlacementError(f"rank {rank}: out of range (0-{len(self._actors) - 1})")
         return ray.get(getattr(self._actors[rank], method).remote(*args, **kwargs))
 
+    def _relaunch(self, ranks: list[int], fresh: list[Assignment]) -> None:
+        actor_cls, args, kwargs, env, actor_options, per_rank = self._launch
+        for r in ranks:
+            with contextlib.suppress(Exception):  # most are already dead with their node
+                ray.kill(self._actors[r], no_restart=True)
+            self._actors[r] = self._start(
+                self.reservation,
+                self.component,
+                actor_cls,
+                fresh[r],
+                args,
+                {**kwargs, **per_rank[r]},
+                env,
+                actor_options,
+                self.detached,
+            )
+
     def repair(self, timeout: float = 120.0) -> list[int]:
         """After a slot was replaced, relaunch exactly the ranks whose node changed.
 
         Waits until the reservation is ready again, then starts each lost rank in its new
         bundle with its new environment (a new MASTER_ADDR/PORT if rank 0 moved; the
-        surviving ranks keep running and must re-read theirs when they rejoin).
+        surviving ranks keep running and must re-read theirs when they rejoin), and
+        waits until they have started.
 
         Returns:
             The relaunched ranks (empty when nothing moved).
@@ -204,37 +317,45 @@ class WorkerGroup:
             if old.placement.node_id != new.placement.node_id
             or old.placement_group_id != new.placement_group_id
         ]
-        actor_cls, args, kwargs, env, actor_options = self._launch
-        name = self.reservation.controller.name
-        for r in lost:
-            with contextlib.suppress(Exception):  # most are already dead with their node
-                ray.kill(self._actors[r], no_restart=True)
-            options = options_for(fresh[r], name, env, actor_options)
-            if self.detached:
-                options.update(
-                    name=worker_name(self.reservation.job, self.component, r),
-                    namespace=WORKER_NAMESPACE,
-                    lifetime="detached",
-                )
-            self._actors[r] = actor_cls.options(**options).remote(*args, **kwargs)
+        self._relaunch(lost, fresh)
         self._assignments = fresh
+        if lost:
+            label = f"{self.reservation.job}/{self.component}"
+            wait_until_ready([self._actors[r] for r in lost], label, timeout)
         return lost
 
-    def shutdown(self) -> None:
-        """Kill every worker; the reservation stays."""
+    def shutdown(self, cleanup: str | None = None, timeout: float = 30.0) -> None:
+        """Kill every worker; the reservation stays.
+
+        Args:
+            cleanup: a method to call on every worker first (e.g. to destroy a process
+                group or flush a checkpoint); the workers get ``timeout`` seconds for it.
+        """
+        if cleanup is not None and self._actors:
+            refs = [getattr(a, cleanup).remote() for a in self._actors]
+            ray.wait(refs, num_returns=len(refs), timeout=timeout)
         for actor in self._actors:
-            ray.kill(actor, no_restart=True)
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
         self._actors = []
 
 
-_CURRENT: dict[tuple[str, str, int, str], Assignment] = {}
+_CURRENT: dict[tuple, Assignment] = {}
 
 
-def current() -> Assignment:
-    """Inside a worker placectl placed: its own :class:`Assignment`.
+def current(strict: bool = False) -> Assignment:
+    """Inside a worker placectl placed: its own :class:`Assignment`, as of now.
+
+    Reads the reservation's record (one GCS read) on every call, so it never serves an
+    assignment of an identity or epoch that is gone: after a repair or a
+    ``replace=True`` it returns the rank's new assignment.
+
+    Args:
+        strict: raise :class:`StaleReservation` instead when the reservation is no
+            longer the one this process was started in (another uid or epoch).
 
     Raises:
-        PlacementError: the process was not placed by placectl.
+        PlacementError: the process was not placed by placectl, or its rank is gone.
     """
     env = os.environ
     missing = [k for k in ("PLACECTL_JOB", "PLACECTL_COMPONENT", "RANK") if k not in env]
@@ -242,16 +363,29 @@ def current() -> Assignment:
         raise PlacementError(
             f"not a placectl worker: {', '.join(missing)} not set in the environment"
         )
-    key = (
-        env["PLACECTL_JOB"],
-        env["PLACECTL_COMPONENT"],
-        int(env["RANK"]),
-        env.get("PLACECTL_CONTROLLER", "placectl"),
-    )
-    if key not in _CURRENT:
-        from clients.session import connect
+    from clients.session import Controller, Reservation
 
-        job, component, rank, name = key
-        res = connect(start=False, name=name).reservation(job)
-        _CURRENT[key] = res.assignments(component)[rank]
+    job, component, rank = env["PLACECTL_JOB"], env["PLACECTL_COMPONENT"], int(env["RANK"])
+    name = env.get("PLACECTL_CONTROLLER", "placectl")
+    ctl = Controller(None, name)
+    record = ctl.record(job)
+    mine = (env.get("PLACECTL_UID", ""), env.get("PLACECTL_EPOCH", ""))
+    if strict and mine != (record.uid, str(record.epoch)):
+        raise StaleReservation(
+            f"{job}/{component}:{rank} was started in reservation {mine[0]} epoch {mine[1]}; "
+            f"it is now {record.uid} epoch {record.epoch}"
+        )
+    key = (name, job, record.uid, record.epoch, component, rank)
+    if key not in _CURRENT:
+        items = (
+            Reservation(ctl, record).assignments(component)
+            if component in record.world_sizes
+            else []
+        )
+        if rank >= len(items):
+            raise StaleReservation(
+                f"{job} (uid {record.uid}, epoch {record.epoch}) has no rank {rank} of "
+                f"{component!r} any more"
+            )
+        _CURRENT[key] = items[rank]
     return _CURRENT[key]

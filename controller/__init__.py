@@ -1,8 +1,15 @@
-"""placectl's cluster side: the planning core (no Ray) and, lazily, the controller actor.
+"""placectl's cluster side, in three layers:
+
+* ``controller.planning``: the pure planning core (spec, rank grammar, cluster views,
+  strategies, component placement);
+* ``controller.state``: the persisted records and their pure derivations (slots,
+  assignments, the worker environment, the port ledger, status, storage format);
+* ``controller.runtime``: the Ray edge (the controller actor, cluster I/O, reconcile,
+  repair, leasing, probe, metrics).
 
 Importing this package never imports Ray, and loads nothing until a name is used: the
 planning API below is usable for dry runs on a laptop and unit tests in milliseconds,
-and a probe worker that imports ``controller.probe`` pays for nothing else.
+and a probe worker that imports ``controller.runtime.probe`` pays for nothing else.
 """
 
 from __future__ import annotations
@@ -11,24 +18,30 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "AcceleratorUse": "controller.colocation",
-    "ClusterSpec": "controller.spec",
-    "ClusterView": "controller.cluster",
+    "AcceleratorUse": "controller.planning.colocation",
+    "ClusterSpec": "controller.planning.spec",
+    "ClusterView": "controller.planning.cluster",
     "ColocationError": "controller.errors",
-    "ComponentPlacement": "controller.components",
-    "ComponentSpec": "controller.spec",
-    "FlexiblePlacementStrategy": "controller.strategies",
-    "NodeGroup": "controller.spec",
-    "NodePlacementStrategy": "controller.strategies",
-    "NodeView": "controller.cluster",
-    "PackedPlacementStrategy": "controller.strategies",
-    "Placement": "controller.placement",
+    "ReservationError": "controller.errors",
+    "ReservationTimeout": "controller.errors",
+    "ReservationConflict": "controller.errors",
+    "ReservationCancelled": "controller.errors",
+    "UnknownReservation": "controller.errors",
+    "TableUnreadable": "controller.errors",
+    "ComponentPlacement": "controller.planning.components",
+    "ComponentSpec": "controller.planning.spec",
+    "FlexiblePlacementStrategy": "controller.planning.strategies",
+    "NodeGroup": "controller.planning.spec",
+    "NodePlacementStrategy": "controller.planning.strategies",
+    "NodeView": "controller.planning.cluster",
+    "PackedPlacementStrategy": "controller.planning.strategies",
+    "Placement": "controller.planning.placement",
     "PlacementError": "controller.errors",
-    "PlacementStrategy": "controller.strategies",
+    "PlacementStrategy": "controller.planning.strategies",
     "PlacementStringError": "controller.errors",
     "SpecError": "controller.errors",
-    "StridedPlacementStrategy": "controller.strategies",
-    "load_spec": "controller.spec",
+    "StridedPlacementStrategy": "controller.planning.strategies",
+    "load_spec": "controller.planning.spec",
 }
 
 __all__ = [
@@ -47,19 +60,36 @@ __all__ = [
     "PlacementError",
     "PlacementStrategy",
     "PlacementStringError",
+    "ReservationCancelled",
+    "ReservationConflict",
+    "ReservationError",
+    "ReservationTimeout",
     "SpecError",
     "StridedPlacementStrategy",
+    "TableUnreadable",
+    "UnknownReservation",
     "load_spec",
 ]
 
 if TYPE_CHECKING:
-    from controller.cluster import ClusterView, NodeView
-    from controller.colocation import AcceleratorUse
-    from controller.components import ComponentPlacement
-    from controller.errors import ColocationError, PlacementError, PlacementStringError, SpecError
-    from controller.placement import Placement
-    from controller.spec import ClusterSpec, ComponentSpec, NodeGroup, load_spec
-    from controller.strategies import (
+    from controller.errors import (
+        ColocationError,
+        PlacementError,
+        PlacementStringError,
+        ReservationCancelled,
+        ReservationConflict,
+        ReservationError,
+        ReservationTimeout,
+        SpecError,
+        TableUnreadable,
+        UnknownReservation,
+    )
+    from controller.planning.cluster import ClusterView, NodeView
+    from controller.planning.colocation import AcceleratorUse
+    from controller.planning.components import ComponentPlacement
+    from controller.planning.placement import Placement
+    from controller.planning.spec import ClusterSpec, ComponentSpec, NodeGroup, load_spec
+    from controller.planning.strategies import (
         FlexiblePlacementStrategy,
         NodePlacementStrategy,
         PackedPlacementStrategy,

@@ -1,8 +1,10 @@
 """The errors placectl raises.
 
 Every problem with a configuration or a plan is a :class:`PlacementError`; its message is
-one line that quotes the offending input and says what is allowed. Nothing in placectl
-uses ``assert`` to check user input.
+one line that quotes the offending input and says what is allowed. Cluster-side failures
+are :class:`ReservationError` subclasses, which are PlacementErrors too, so a caller can
+catch everything placectl refuses with one ``except``. Nothing in placectl uses
+``assert`` to check user input.
 """
 
 from __future__ import annotations
@@ -22,3 +24,38 @@ class PlacementStringError(PlacementError):
 
 class ColocationError(PlacementError):
     """The processes sharing an accelerator request more than all of it."""
+
+
+class ReservationError(PlacementError):
+    """A reservation request the controller cannot carry out."""
+
+
+class ReservationTimeout(ReservationError):
+    """The cluster could not satisfy a reservation within its timeout."""
+
+
+class ReservationConflict(ReservationError):
+    """The job name is reserved already with a different specification."""
+
+
+class UnknownReservation(ReservationError):
+    """No reservation of that job name exists."""
+
+
+class ReservationCancelled(ReservationError):
+    """A pending reservation was cancelled (by ``release`` or the caller) and rolled back."""
+
+
+class StaleReservation(ReservationError):
+    """The reservation changed identity (released, replaced) since it was read."""
+
+
+class TableUnreadable(ReservationError):
+    """The persisted reservation table cannot be read (corrupt, or from a newer placectl).
+
+    The controller then refuses to act rather than risk removing what it cannot see.
+    """
+
+
+class PersistenceError(ReservationError):
+    """Writing the reservation table to the GCS failed; nothing was changed."""

@@ -122,7 +122,7 @@ def test_plan_large_cluster_elides_middle_nodes(capsys):
         ),
         (
             ["plan", "cluster: {num_nodes: 1, component_placement: {a: 0}}"],
-            "--gpus-per-node is required",
+            "no Ray cluster is running to take the accelerators per node from",
         ),
         (
             [

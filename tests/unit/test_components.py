@@ -11,6 +11,7 @@ from controller import (
     NodeView,
     PlacementError,
 )
+from controller.state.environment import local_rank
 
 
 def cp_of(block, view):
@@ -227,8 +228,11 @@ def test_isolate_false_sees_all_the_components_gpus_on_the_node():
     }
     ps = cp_of(block, ClusterView.uniform(2, 8)).placements("x")
     assert [p.cuda_visible_devices for p in ps] == [[2, 3, 6, 7]] * 3 + [[0, 1]] * 2
-    # LOCAL_RANK indexes the process's first accelerator within that list
-    assert [p.local_rank for p in ps] == [0, 2, 3, 0, 1]
+    # local_rank is always the index among the component's processes on the node
+    assert [p.local_rank for p in ps] == [0, 1, 2, 0, 1]
+    assert [p.local_world_size for p in ps] == [3, 3, 3, 2, 2]
+    # the LOCAL_RANK variable indexes the process's first accelerator within its list
+    assert [local_rank(p) for p in ps] == [0, 2, 3, 0, 1]
     assert [p.local_gpu_id for p in ps] == [2, 6, 7, 0, 1]
     assert [p.local_resource_ranks for p in ps] == [[2, 3], [6], [7], [0], [1]]
 
@@ -293,7 +297,7 @@ def test_explicit_shares_that_leave_nothing():
         "num_nodes": 1,
         "component_placement": {"a": {"placement": 0, "accelerator_share": 1.0}, "b": 0},
     }
-    with pytest.raises(ColocationError, match="leave nothing for the processes without"):
+    with pytest.raises(ColocationError, match="leave nothing for the holders without"):
         cp_of(block, ClusterView.uniform(1, 1))
 
 

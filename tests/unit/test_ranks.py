@@ -3,7 +3,7 @@
 import pytest
 
 from controller import ClusterView, ComponentPlacement, PlacementStringError
-from controller.ranks import format_ranks, parse_placement, parse_rank_list
+from controller.planning.ranks import format_ranks, parse_placement, parse_rank_list
 
 ONE_NODE = ClusterView.uniform(num_nodes=1, gpus_per_node=8)
 TWO_NODES = ClusterView.uniform(num_nodes=2, gpus_per_node=8)

@@ -6,14 +6,14 @@ import contextlib
 import gc
 from typing import Any
 
-from controller.cluster import ClusterView
-from controller.colocation import AcceleratorUse, ShareRequest, account
 from controller.errors import PlacementError
-from controller.node_groups import ACCELERATOR, NODE, ResourcePool, resolve_pool
-from controller.placement import Placement, build_placements
-from controller.ranks import expand_placement, parse_placement
-from controller.spec import ClusterSpec, ComponentSpec, load_spec
-from controller.strategies import (
+from controller.planning.cluster import ClusterView
+from controller.planning.colocation import AcceleratorUse, ShareRequest, account
+from controller.planning.node_groups import ACCELERATOR, NODE, ResourcePool, resolve_pool
+from controller.planning.placement import Placement, build_placements
+from controller.planning.ranks import expand_placement, parse_placement
+from controller.planning.spec import ClusterSpec, ComponentSpec, load_spec
+from controller.planning.strategies import (
     FlexiblePlacementStrategy,
     NodePlacementStrategy,
     PlacementStrategy,
@@ -90,6 +90,8 @@ class ComponentPlacement:
                 self._pools[c.name].unit_local,
                 self._procs[c.name],
                 c.accelerator_share,
+                c.starts_children,
+                c.child_share,
             )
             for c in accel
         ]
@@ -103,7 +105,8 @@ class ComponentPlacement:
                 self._procs[comp.name],
                 component=comp.name,
                 isolate=comp.isolate,
-                shares=share_of.get(comp.name),
+                shares=share_of[comp.name].process if comp.name in share_of else None,
+                child_shares=share_of[comp.name].child if comp.name in share_of else None,
             )
 
     def _plan_key(self, comp: ComponentSpec, floating: dict[str, list[int]] | None):

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-from controller.cluster import ClusterView
-from controller.node_groups import ACCELERATOR, HARDWARE, ResourcePool
+from controller.planning.cluster import ClusterView
+from controller.planning.node_groups import ACCELERATOR, HARDWARE, ResourcePool
 
 
 class Placement(msgspec.Struct, kw_only=True, frozen=True, gc=False):
@@ -27,11 +27,13 @@ class Placement(msgspec.Struct, kw_only=True, frozen=True, gc=False):
         local_gpu_id: the first accelerator's node-local index, -1 if none.
         cuda_visible_devices: what the visible-devices variable will hold.
         isolate_gpu: whether the process sees only its own accelerators.
-        local_rank, local_world_size: rank and count among the component's processes on
-            the node (with ``isolate_gpu=False``, LOCAL_RANK indexes the process's first
-            accelerator within ``cuda_visible_devices``).
+        local_rank, local_world_size: the process's index among the component's
+            processes on its node, and their count, in every mode (the ``LOCAL_RANK``
+            variable follows the device rule of :mod:`controller.state.environment`).
         accelerator_share: fraction of its first accelerator the process requests
             (0.0 when it holds none).
+        child_share: for an engine, the fraction of each of its accelerators one of its
+            children may request (0.0 for processes that start no children).
     """
 
     rank: int
@@ -50,6 +52,7 @@ class Placement(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     local_rank: int
     local_world_size: int
     accelerator_share: float = 0.0
+    child_share: float = 0.0
 
 
 def build_placements(
@@ -60,6 +63,7 @@ def build_placements(
     component: str = "",
     isolate: bool = True,
     shares: Sequence[float] | None = None,
+    child_shares: Sequence[float] | None = None,
 ) -> list[Placement]:
     """Placements for processes whose resources are ``procs[rank]`` (unit ids of ``pool``).
 
@@ -78,14 +82,11 @@ def build_placements(
         counts[nr] += 1
 
     visible: dict[int, list[int]] = {}
-    index_in_visible: dict[int, dict[int, int]] = {}
     if accel and not isolate:
         held: dict[int, set[int]] = {}
         for units, nr in zip(procs, node_of, strict=True):
             held.setdefault(nr, set()).update(unit_local[u] for u in units)
-        for nr, locals_ in held.items():
-            visible[nr] = sorted(locals_)
-            index_in_visible[nr] = {g: i for i, g in enumerate(visible[nr])}
+        visible = {nr: sorted(locals_) for nr, locals_ in held.items()}
 
     seen: dict[int, int] = dict.fromkeys(order, 0)
     world = len(procs)
@@ -100,14 +101,12 @@ def build_placements(
         if accel:
             local = [unit_local[u] for u in units]
             gpu = local[0]
-            if isolate:
-                cvd, local_rank = local, local_index
-            else:
-                cvd, local_rank = visible[nr], index_in_visible[nr][gpu]
+            cvd = local if isolate else visible[nr]
             share = shares[rank] if shares is not None else 1.0
+            child = child_shares[rank] if child_shares is not None else 0.0
         else:
             local = [unit_local[u] for u in units] if pool.kind == HARDWARE else []
-            gpu, cvd, local_rank, share = -1, [], local_index, 0.0
+            gpu, cvd, share, child = -1, [], 0.0, 0.0
         append(
             Placement(
                 rank=rank,
@@ -123,9 +122,10 @@ def build_placements(
                 local_gpu_id=gpu,
                 cuda_visible_devices=cvd,
                 isolate_gpu=isolate,
-                local_rank=local_rank,
+                local_rank=local_index,
                 local_world_size=counts[nr],
                 accelerator_share=share,
+                child_share=child,
             )
         )
     return out

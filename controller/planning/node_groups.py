@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import msgspec
 
-from controller.cluster import ClusterView
 from controller.errors import PlacementError
-from controller.spec import NodeGroup
+from controller.planning.cluster import ClusterView
+from controller.planning.spec import NodeGroup
 
 ACCELERATOR, HARDWARE, NODE = "accelerator", "hardware", "node"
 
@@ -47,6 +47,26 @@ class ResourcePool(msgspec.Struct, frozen=True):
         group = f"node group {names}" if len(self.labels) == 1 else f"node groups {names}"
         span = f" (0-{self.size - 1})" if self.size else ""
         return f"{group} has {self.size} {self.noun()}{span}"
+
+
+def resolve_hardware(group: NodeGroup, view: ClusterView, ranks: list[int]) -> str:
+    """The Ray resource name of a group's hardware, as its nodes spell it.
+
+    ``hardware.type`` is matched without regard to case (RLinf writes ``Franka`` where a
+    node offers ``franka``); the bundles must then ask for the name the nodes use. With
+    no node offering it (a dry run), the name as written.
+
+    Raises:
+        PlacementError: the group's nodes spell the resource in more than one way.
+    """
+    wanted = (group.hardware or "").lower()
+    names = sorted({k for r in ranks for k in view.nodes[r].resources if k.lower() == wanted})
+    if len(names) > 1:
+        raise PlacementError(
+            f"node group {group.label!r}: hardware {group.hardware!r} matches resources "
+            f"{names} on its nodes; spell it the same way on every node"
+        )
+    return names[0] if names else group.hardware or ""
 
 
 def resolve_floating(group: NodeGroup, view: ClusterView) -> list[int]:
@@ -132,7 +152,7 @@ def resolve_pool(
             kind = NODE
         else:
             kind = ACCELERATOR
-        kinds.append((kind, group.hardware))
+        kinds.append((kind, resolve_hardware(group, view, ranks) if kind == HARDWARE else None))
         for r in ranks:
             if kind == NODE:
                 count = 1
@@ -155,6 +175,8 @@ def resolve_pool(
             "one component must all hold accelerators, all the same hardware, or all nodes"
         )
     kind, hardware = kinds[0] if kinds else (NODE, None)
+    if kind != HARDWARE:
+        hardware = None
     return ResourcePool(
         kind=kind,
         labels=[g.label for g in groups],

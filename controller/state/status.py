@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from controller.node_groups import ACCELERATOR
-from controller.reservations import ReservationRecord
+from controller.planning.node_groups import ACCELERATOR
+from controller.state.records import ReservationRecord
 
 
 class SlotInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -31,21 +31,26 @@ class ReservationInfo(msgspec.Struct, frozen=True, kw_only=True):
     components: dict[str, int]  # name -> world size
     accelerator: str
     slots: list[SlotInfo]
+    uid: str = ""
+    repair: str = "auto"
 
     @property
     def num_accelerators(self) -> int:
         return sum(len(s.accelerators) for s in self.slots)
 
 
-def summarize(res: ReservationRecord, world_sizes: dict[str, int]) -> ReservationInfo:
+def summarize(res: ReservationRecord) -> ReservationInfo:
+    """What ``status`` shows of a record."""
     return ReservationInfo(
         job=res.job,
         state=res.state,
         epoch=res.epoch,
         reason=res.reason,
         created_at=res.created_at,
-        components=world_sizes,
+        components=dict(res.world_sizes),
         accelerator=res.spec.accelerator,
+        uid=res.uid,
+        repair=res.repair,
         slots=[
             SlotInfo(
                 node_rank=s.node_rank,

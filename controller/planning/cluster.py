@@ -106,7 +106,7 @@ def load_cluster_view(source) -> ClusterView:
     Raises:
         PlacementError: unreadable input or a malformed node; the message names it.
     """
-    from controller.documents import convert, read_document
+    from controller.planning.documents import convert, read_document
 
     data = read_document(source)
     if isinstance(data, dict) and "nodes" in data:
@@ -128,7 +128,8 @@ def view_from_ray_nodes(nodes: list[dict], accelerator: str = "GPU") -> ClusterV
     """A cluster view, in node-rank order, from ``ray.nodes()`` entries (alive ones only).
 
     ``num_gpus`` counts the ``accelerator`` resource; other resources, except Ray's
-    bookkeeping ones (CPU, memory, ``node:*``), become ``resources``.
+    bookkeeping ones (CPU, memory, ``node:*``), become ``resources``; they include
+    ``accelerator_type:*``, which tells one kind of node from another.
     """
     views = []
     for n in nodes:
@@ -139,7 +140,7 @@ def view_from_ray_nodes(nodes: list[dict], accelerator: str = "GPU") -> ClusterV
             k: float(v)
             for k, v in res.items()
             if k not in (accelerator, "CPU", "memory", "object_store_memory")
-            and not k.startswith(("node:", "accelerator_type:"))
+            and not k.startswith("node:")
         }
         views.append(
             NodeView(
@@ -152,38 +153,3 @@ def view_from_ray_nodes(nodes: list[dict], accelerator: str = "GPU") -> ClusterV
             )
         )
     return ClusterView(nodes=order_nodes(views))
-
-
-def _identity_labels(node: NodeView) -> dict[str, str]:
-    # Labels that name one node (its id, its rank) say nothing about what it is.
-    return {
-        k: v for k, v in node.labels.items() if not k.startswith("ray.io/") and k != NODE_RANK_LABEL
-    }
-
-
-def is_replacement(dead: NodeView, candidate: NodeView) -> bool:
-    """Whether ``candidate`` is the same kind of node as ``dead``: the same accelerators,
-    custom resources and labels (labels naming one node apart)."""
-    return (
-        candidate.num_gpus == dead.num_gpus
-        and candidate.resources == dead.resources
-        and _identity_labels(candidate) == _identity_labels(dead)
-    )
-
-
-def choose_spare(
-    dead: NodeView,
-    candidates: list[NodeView],
-    free: dict[str, dict[str, float]],
-    need: dict[str, float],
-    exclude: set[str],
-) -> NodeView | None:
-    """The first candidate (in node-rank order) that can stand in for ``dead``: same
-    kind of node, not in ``exclude``, with at least ``need`` free."""
-    for node in candidates:
-        if node.node_id in exclude or not is_replacement(dead, node):
-            continue
-        have = free.get(node.node_id, {})
-        if all(have.get(k, 0.0) + 1e-9 >= v for k, v in need.items()):
-            return node
-    return None

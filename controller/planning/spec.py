@@ -14,11 +14,12 @@ from typing import Any
 
 import msgspec
 
-from controller.documents import convert, read_document
 from controller.errors import PlacementError, SpecError
-from controller.ranks import parse_placement, parse_rank_list
+from controller.planning.documents import convert, read_document
+from controller.planning.ranks import parse_placement, parse_rank_list
 
 RESERVED_GROUPS = ("cluster", "node")
+ENGINES = ("vllm",)
 # Bounds on what one configuration may ask for, so hostile input cannot exhaust anything.
 MAX_COMPONENTS = 256
 MAX_NODE_GROUPS = 256
@@ -61,9 +62,11 @@ class _NodeGroup(_Strict):
 class _Component(_Strict):
     placement: int | str
     node_group: str | int | list[str | int] | None = None
-    capture_child_tasks: bool = False
+    capture_child_tasks: bool | None = None
     accelerator_share: float | None = None
     isolate: bool = True
+    engine: str | None = None
+    child_share: float | None = None
 
 
 class _Cluster(_Strict):
@@ -122,7 +125,18 @@ class NodeGroup(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ComponentSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """One component. Components written under one key share ``key`` and a strategy."""
+    """One component. Components written under one key share ``key`` and a strategy.
+
+    Attributes:
+        capture_child_tasks: Ray tasks and actors the component's processes start stay
+            in the reservation; such a component is an engine (see ``starts_children``).
+        accelerator_share: fraction of its first accelerator each process requests.
+        isolate: each process sees only its own accelerators (else all the
+            component's accelerators on its node).
+        engine: the inference engine the component runs (``vllm``): its processes get
+            that engine's own variables for placing their workers.
+        child_share: fraction of an accelerator each child of an engine requests.
+    """
 
     name: str
     key: str
@@ -131,6 +145,13 @@ class ComponentSpec(msgspec.Struct, frozen=True, kw_only=True):
     capture_child_tasks: bool = False
     accelerator_share: float | None = None
     isolate: bool = True
+    engine: str | None = None
+    child_share: float | None = None
+
+    @property
+    def starts_children(self) -> bool:
+        """An engine: each process may start one child per accelerator it holds."""
+        return self.capture_child_tasks or self.engine is not None
 
 
 class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -309,6 +330,30 @@ def _group_labels(value: str | int | list[str | int] | None, where: str) -> list
     return labels
 
 
+def _engine_keys(comp: _Component, where: str) -> bool:
+    """Check the share and engine keys of a component; returns capture_child_tasks."""
+    for key in ("accelerator_share", "child_share"):
+        share = getattr(comp, key)
+        if share is not None and not 0 < share <= 1:
+            raise SpecError(f"{where}.{key} {share}: must be in (0, 1]")
+    if comp.engine is not None and comp.engine not in ENGINES:
+        raise SpecError(
+            f"{where}.engine {comp.engine!r}: supported engines are {', '.join(ENGINES)}"
+        )
+    if comp.engine is not None and comp.capture_child_tasks is False:
+        raise SpecError(
+            f"{where}: engine {comp.engine!r} places its workers as captured child tasks; "
+            "drop capture_child_tasks: false"
+        )
+    capture = bool(comp.capture_child_tasks) or comp.engine is not None
+    if comp.child_share is not None and not capture:
+        raise SpecError(
+            f"{where}.child_share: only an engine's processes start children; set "
+            "capture_child_tasks: true or engine: vllm"
+        )
+    return capture
+
+
 def _normalise(raw: _Cluster) -> ClusterSpec:
     _check_int(raw.num_nodes, "cluster.num_nodes", 1, MAX_NODES)
     if len(raw.node_groups) > MAX_NODE_GROUPS:
@@ -370,9 +415,7 @@ def _normalise(raw: _Cluster) -> ClusterSpec:
                     f"{where}.node_group: unknown node group {label!r}; known groups: "
                     f"{', '.join(sorted(known))}"
                 )
-        share = comp.accelerator_share
-        if share is not None and not 0 < share <= 1:
-            raise SpecError(f"{where}.accelerator_share {share}: must be in (0, 1]")
+        capture = _engine_keys(comp, where)
         for name in names:
             components.append(
                 ComponentSpec(
@@ -380,9 +423,11 @@ def _normalise(raw: _Cluster) -> ClusterSpec:
                     key=key,
                     placement=str(comp.placement),
                     node_groups=group_labels,
-                    capture_child_tasks=comp.capture_child_tasks,
-                    accelerator_share=share,
+                    capture_child_tasks=capture,
+                    accelerator_share=comp.accelerator_share,
                     isolate=comp.isolate,
+                    engine=comp.engine,
+                    child_share=comp.child_share,
                 )
             )
     return ClusterSpec(

@@ -1,0 +1,303 @@
+"""An in-memory cluster behind the controller's :class:`ClusterIO` interface.
+
+It behaves as Ray does where placectl depends on it: groups pinned to a node are placed
+when that node has room and stay pending otherwise; a group on a dead node is
+rescheduling for ever (its pin cannot move); a removed group is REMOVED and frees its
+resources; each accelerator bundle gets a physical device id of its node. Faults can be
+injected (failing or hanging key-value writes, groups that are slow to go, nodes that do
+not answer), and Ray's own latencies are modelled, not slept, so a benchmark can tell
+placectl's cost from Ray's: :attr:`FakeCluster.ray_seconds` is what Ray would have
+spent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+
+from controller.runtime.io import (
+    CREATED,
+    PENDING,
+    REMOVED,
+    RESCHEDULING,
+    DeviceInfo,
+    GroupInfo,
+    NodeEvent,
+    NodeInfo,
+    NullMetrics,
+)
+
+HEAD_RESOURCE = "node:__internal_head__"
+
+
+class FakeFault(RuntimeError):
+    """An injected failure."""
+
+
+class _Node:
+    def __init__(self, info: NodeInfo, accelerator: str, device_ids: list[int]):
+        self.info = info
+        self.free = dict(info.resources)
+        self.devices = list(device_ids)  # physical ids, in Ray's slot order
+        self.used_devices: set[int] = set()
+        self.bound_ports: set[int] = set()
+        self.ephemeral = (32768, 60999)
+        self.answers = True
+
+
+class _Group:
+    def __init__(self, gid: str, name: str, bundles: list[dict[str, float]], node_id: str):
+        self.gid, self.name, self.bundles, self.node_id = gid, name, bundles, node_id
+        self.state = PENDING
+        self.devices: list[int | None] = [None] * len(bundles)
+        self.ready = asyncio.Event()
+
+
+class Latency:
+    """Ray's costs, in seconds, as the fake models them (all zero by default)."""
+
+    def __init__(
+        self,
+        gcs_rtt: float = 0.0,
+        group_create: float = 0.0,
+        group_place: float = 0.0,
+        probe: float = 0.0,
+        per_node_read: float = 0.0,
+    ):
+        self.gcs_rtt = gcs_rtt  # one key-value or table round trip
+        self.group_create = group_create  # the GCS schedules groups one at a time
+        self.group_place = group_place  # from created to ready
+        self.probe = probe  # one probe task in a bundle
+        self.per_node_read = per_node_read  # added per node to a whole-cluster read
+
+
+class FakeCluster:
+    """An in-memory Ray cluster. Nodes are added with :meth:`add_node`.
+
+    Args:
+        accelerator: the accelerator resource name (``GPU``).
+        latency: Ray's modelled costs; summed into :attr:`ray_seconds`, never slept.
+    """
+
+    def __init__(self, accelerator: str = "GPU", latency: Latency | None = None) -> None:
+        self.accelerator = accelerator
+        self.latency = latency or Latency()
+        self.metrics = NullMetrics()
+        self.kv: dict[bytes, bytes] = {}
+        self.nodes_by_id: dict[str, _Node] = {}
+        self.groups_by_id: dict[str, _Group] = {}
+        self.events: collections.deque[NodeEvent] = collections.deque()
+        self.ray_seconds = 0.0
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.bytes_written = 0
+        self.warmed: collections.Counter[str] = collections.Counter()
+        self.fail_kv_writes = 0  # the next n writes raise
+        self.hang_kv_writes = False  # writes never return
+        self.slow_removal: set[str] = set()  # group ids whose removal Ray never reports
+        self._ids = itertools.count(1)
+
+    # ------------------------------------------------------------ building the cluster
+    def add_node(
+        self,
+        num_gpus: int = 0,
+        num_cpus: float = 8,
+        resources: dict[str, float] | None = None,
+        labels: dict[str, str] | None = None,
+        ip: str | None = None,
+        head: bool = False,
+        device_ids: list[int] | None = None,
+    ) -> str:
+        """Add an alive node; returns its id. ``device_ids`` are the physical ids of
+        its accelerators in Ray's slot order (default 0..n-1)."""
+        n = next(self._ids)
+        node_id = f"{n:056x}"
+        res = {"CPU": float(num_cpus), **(resources or {})}
+        if num_gpus:
+            res[self.accelerator] = float(num_gpus)
+        if head:
+            res[HEAD_RESOURCE] = 1.0
+        info = NodeInfo(
+            node_id=node_id,
+            ip=ip or f"10.0.{n // 250}.{n % 250 + 1}",
+            is_head=head,
+            resources=res,
+            labels={"ray.io/node-id": node_id, **(labels or {})},
+        )
+        devices = device_ids if device_ids is not None else list(range(num_gpus))
+        self.nodes_by_id[node_id] = _Node(info, self.accelerator, devices)
+        self.events.append(NodeEvent(node_id, True))
+        self._schedule()
+        return node_id
+
+    def kill_node(self, node_id: str) -> None:
+        """The node dies: its groups go to RESCHEDULING (pinned, they cannot move)."""
+        node = self.nodes_by_id[node_id]
+        node.info = NodeInfo(**{**_fields(node.info), "alive": False})
+        for g in self.groups_by_id.values():
+            if g.node_id == node_id and g.state == CREATED:
+                g.state = RESCHEDULING
+                g.ready.clear()
+        self.events.append(NodeEvent(node_id, False))
+
+    def remove_group_behind_back(self, group_id: str) -> None:
+        """Someone else removed a group of ours."""
+        self._remove(self.groups_by_id[group_id])
+
+    def alive(self) -> list[str]:
+        return [i for i, n in self.nodes_by_id.items() if n.info.alive]
+
+    # ------------------------------------------------------------ key-value store
+    def _cost(self, what: str, seconds: float) -> None:
+        self.calls[what] += 1
+        self.ray_seconds += seconds
+
+    async def kv_get(self, key: bytes) -> bytes | None:
+        self._cost("kv_get", self.latency.gcs_rtt)
+        return self.kv.get(key)
+
+    async def kv_multi_get(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        self._cost("kv_multi_get", self.latency.gcs_rtt)
+        return {k: self.kv[k] for k in keys if k in self.kv}
+
+    async def _write(self) -> None:
+        if self.hang_kv_writes:
+            await asyncio.Event().wait()
+        if self.fail_kv_writes:
+            self.fail_kv_writes -= 1
+            raise FakeFault("injected: GCS write failed")
+
+    async def kv_put(self, key: bytes, value: bytes) -> None:
+        self._cost("kv_put", self.latency.gcs_rtt)
+        await self._write()
+        self.kv[key] = bytes(value)
+        self.bytes_written += len(key) + len(value)
+
+    async def kv_delete(self, key: bytes) -> None:
+        self._cost("kv_delete", self.latency.gcs_rtt)
+        await self._write()
+        self.kv.pop(key, None)
+
+    async def kv_keys(self, prefix: bytes) -> list[bytes]:
+        self._cost("kv_keys", self.latency.gcs_rtt)
+        return [k for k in self.kv if k.startswith(prefix)]
+
+    # ------------------------------------------------------------ nodes
+    async def nodes(self) -> list[NodeInfo]:
+        self._cost(
+            "nodes", self.latency.gcs_rtt + self.latency.per_node_read * len(self.nodes_by_id)
+        )
+        return [n.info for n in self.nodes_by_id.values()]
+
+    async def free_resources(self) -> dict[str, dict[str, float]]:
+        self._cost(
+            "free", self.latency.gcs_rtt + self.latency.per_node_read * len(self.nodes_by_id)
+        )
+        return {i: dict(n.free) for i, n in self.nodes_by_id.items() if n.info.alive}
+
+    async def node_events(self) -> list[NodeEvent]:
+        out = list(self.events)
+        self.events.clear()
+        return out
+
+    # ------------------------------------------------------------ groups
+    async def create_group(self, name: str, bundles: list[dict[str, float]], node_id: str) -> str:
+        self._cost("create_group", self.latency.group_create)
+        gid = f"{next(self._ids):036x}"
+        self.groups_by_id[gid] = _Group(gid, name, [dict(b) for b in bundles], node_id)
+        self._schedule()
+        return gid
+
+    def _fits(self, node: _Node, bundles: list[dict[str, float]]) -> bool:
+        need: dict[str, float] = {}
+        for b in bundles:
+            for k, v in b.items():
+                need[k] = need.get(k, 0.0) + v
+        return all(node.free.get(k, 0.0) + 1e-9 >= v for k, v in need.items())
+
+    def _schedule(self) -> None:
+        for g in self.groups_by_id.values():
+            node = self.nodes_by_id.get(g.node_id)
+            if g.state != PENDING or node is None or not node.info.alive:
+                continue
+            if not self._fits(node, g.bundles):
+                continue
+            for i, b in enumerate(g.bundles):
+                for k, v in b.items():
+                    node.free[k] = node.free.get(k, 0.0) - v
+                if b.get(self.accelerator):
+                    device = next(d for d in node.devices if d not in node.used_devices)
+                    node.used_devices.add(device)
+                    g.devices[i] = device
+            g.state = CREATED
+            g.ready.set()
+
+    async def wait_group(self, group_id: str, timeout: float) -> bool:
+        self._cost("wait_group", self.latency.group_place)
+        g = self.groups_by_id[group_id]
+        try:
+            await asyncio.wait_for(g.ready.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return g.state == CREATED
+
+    def _remove(self, g: _Group) -> None:
+        node = self.nodes_by_id.get(g.node_id)
+        if g.state == CREATED and node is not None:
+            for i, b in enumerate(g.bundles):
+                for k, v in b.items():
+                    node.free[k] = node.free.get(k, 0.0) + v
+                if g.devices[i] is not None:
+                    node.used_devices.discard(g.devices[i])
+        g.state = REMOVED
+        g.ready.set()
+        self._schedule()
+
+    async def remove_group(self, group_id: str) -> None:
+        self._cost("remove_group", self.latency.gcs_rtt)
+        g = self.groups_by_id.get(group_id)
+        if g is None or group_id in self.slow_removal:
+            return
+        self._remove(g)
+
+    async def groups(self, ids: list[str] | None = None) -> dict[str, GroupInfo]:
+        wanted = list(self.groups_by_id) if ids is None else ids
+        self._cost(
+            "groups", self.latency.gcs_rtt * (1 if ids is None or len(ids) > 16 else len(ids))
+        )
+        out = {}
+        for gid in wanted:
+            g = self.groups_by_id.get(gid)
+            if g is not None:
+                placed = g.state == CREATED
+                out[gid] = GroupInfo(
+                    group_id=gid,
+                    name=g.name,
+                    state=g.state,
+                    nodes=[g.node_id if placed else "" for _ in g.bundles],
+                )
+        return out
+
+    # ------------------------------------------------------------ tasks
+    async def probe(self, group_id: str, bundle_index: int, accelerator: str) -> DeviceInfo:
+        self._cost("probe", self.latency.probe)
+        g = self.groups_by_id[group_id]
+        if g.state != CREATED:
+            raise FakeFault(f"probe in group {group_id} that is {g.state}")
+        device = g.devices[bundle_index]
+        return DeviceInfo(ids=[] if device is None else [device])
+
+    async def free_ports(self, node_id: str, candidates: list[int]) -> list[int]:
+        self._cost("free_ports", self.latency.gcs_rtt)
+        node = self.nodes_by_id[node_id]
+        if not node.answers or not node.info.alive:
+            await asyncio.Event().wait()  # a task on an unresponsive node never returns
+        low, high = node.ephemeral
+        return [p for p in candidates if p not in node.bound_ports and not low <= p <= high]
+
+    def warm(self, node_id: str) -> None:
+        self.warmed[node_id] += 1
+
+
+def _fields(info: NodeInfo) -> dict:
+    return {f: getattr(info, f) for f in info.__struct_fields__}

@@ -1,0 +1,193 @@
+"""A reservation's placement groups, through the cluster-I/O interface: create them (paced),
+wait for them, probe their devices, check them, and remove them verifiably."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import msgspec
+
+from controller.errors import ReservationError, ReservationTimeout
+from controller.planning.node_groups import ACCELERATOR
+from controller.runtime.io import CREATED, REMOVED, ClusterIO, GroupInfo
+from controller.state.records import ReservationRecord, SlotRecord
+
+log = logging.getLogger("placectl.controller")
+PROGRESS_LOG_PERIOD_S = 5.0
+
+Say = Callable[[str], None]
+
+
+async def diagnose(io: ClusterIO, slots: list[SlotRecord], pending: list[int]) -> str:
+    """For each pending slot: its node, what it asks for, and what the node has free."""
+    free = await io.free_resources()
+    parts = []
+    for i in pending:
+        slot = slots[i]
+        need = slot.need()
+        have = free.get(slot.node_id)
+        wants = ", ".join(f"{k} {v:g}" for k, v in sorted(need.items()))
+        if have is None:
+            parts.append(f"node {slot.node_rank} ({slot.node_ip}) needs {wants}; the node is dead")
+            continue
+        frees = ", ".join(f"{k} {have.get(k, 0):g}" for k in sorted(need))
+        parts.append(f"node {slot.node_rank} ({slot.node_ip}) needs {wants}; free {frees}")
+    return "; ".join(parts)
+
+
+async def create_and_wait(
+    io: ClusterIO,
+    job: str,
+    slots: list[SlotRecord],
+    deadline: float,
+    say: Say,
+    created: dict[int, str],
+    max_in_flight: int = 16,
+) -> list[SlotRecord]:
+    """Create every slot's group and wait until all are placed; the slots with group ids.
+
+    At most ``max_in_flight`` groups wait to be placed at once, so a reservation of
+    hundreds of slots does not flood the GCS. ``created`` receives each group's id as
+    soon as it exists, so the caller can remove them whatever happens.
+
+    Raises:
+        ReservationTimeout: not all placed by ``deadline``; names the pending nodes
+            and what they have free.
+    """
+    out = list(slots)
+    waits: dict[asyncio.Task, int] = {}
+    stuck: list[int] = []  # waits that reached the deadline
+    nxt, placed, last_log = 0, 0, 0.0
+    try:
+        while placed < len(out):
+            while nxt < len(out) and len(waits) < max_in_flight and not stuck:
+                s = out[nxt]
+                gid = await io.create_group(
+                    s.group_name, [b.resources for b in s.bundles], s.node_id
+                )
+                created[nxt] = gid
+                out[nxt] = msgspec.structs.replace(s, group_id=gid)
+                remaining = max(deadline - time.monotonic(), 0.0)
+                waits[asyncio.ensure_future(io.wait_group(gid, remaining))] = nxt
+                nxt += 1
+            remaining = deadline - time.monotonic()
+            if stuck or remaining <= 0:
+                pending = sorted(stuck + list(waits.values())) + list(range(nxt, len(out)))
+                raise ReservationTimeout(
+                    f"reservation {job!r} timed out with {len(pending)} of {len(out)} node "
+                    f"slots unplaced: {await diagnose(io, out, pending[:8])}"
+                )
+            done, _ = await asyncio.wait(
+                waits, timeout=min(1.0, remaining), return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done:
+                i = waits.pop(task)
+                if task.result():
+                    placed += 1
+                else:
+                    stuck.append(i)
+            if waits and not done:
+                pending = sorted(waits.values())
+                message = (
+                    f"placed {placed} of {len(out)} node slots; waiting for "
+                    f"{await diagnose(io, out, pending[:4])}"
+                )
+                say(message)
+                if time.monotonic() - last_log > PROGRESS_LOG_PERIOD_S:
+                    log.info("%s: %s", job, message)
+                    last_log = time.monotonic()
+            elif len(out) > max_in_flight and done:
+                say(f"placed {placed} of {len(out)} node slots")
+    finally:
+        for task in waits:
+            task.cancel()
+    return out
+
+
+async def probe(
+    io: ClusterIO, job: str, slots: list[SlotRecord], accelerator: str, deadline: float
+) -> list[SlotRecord]:
+    """The slots with the physical id (and identity) of every accelerator bundle.
+
+    Serial within a node (one warm worker answers them all), parallel across nodes.
+    """
+
+    async def one_slot(slot: SlotRecord) -> SlotRecord:
+        bundles = []
+        for i, b in enumerate(slot.bundles):
+            if b.kind == ACCELERATOR:
+                seen = await io.probe(slot.group_id, i, accelerator)
+                if len(seen.ids) != 1:
+                    raise ReservationError(
+                        f"probe in bundle {i} of {slot.group_name} saw {accelerator} ids "
+                        f"{seen.ids}; expected exactly one"
+                    )
+                b = msgspec.structs.replace(
+                    b,
+                    physical_id=seen.ids[0],
+                    uuid=seen.uuids[0] if seen.uuids else "",
+                    pci_bus_id=seen.pci_bus_ids[0] if seen.pci_bus_ids else "",
+                )
+            bundles.append(b)
+        return msgspec.structs.replace(slot, bundles=bundles)
+
+    remaining = max(deadline - time.monotonic(), 1.0)
+    try:
+        return list(
+            await asyncio.wait_for(asyncio.gather(*(one_slot(s) for s in slots)), remaining)
+        )
+    except asyncio.TimeoutError:
+        raise ReservationTimeout(
+            f"reservation {job!r} timed out while probing accelerator ids"
+        ) from None
+
+
+def problems(res: ReservationRecord, groups: dict[str, GroupInfo], alive: set[str]) -> list[str]:
+    """What is wrong with a settled reservation's slots (empty when all is well)."""
+    found = []
+    for i, slot in enumerate(res.slots):
+        where = f"slot {i} (node rank {slot.node_rank}, {slot.node_ip})"
+        info = groups.get(slot.group_id)
+        if slot.node_id not in alive:
+            found.append(f"{where}: node {slot.node_id[:12]} is dead")
+        elif info is None or info.state == REMOVED:
+            found.append(f"{where}: placement group {slot.group_id} was removed")
+        elif info.state != CREATED:
+            found.append(f"{where}: placement group is {info.state}")
+    return found
+
+
+async def remove_verified(io: ClusterIO, ids: set[str], timeout: float) -> set[str]:
+    """Remove groups and wait until Ray reports each one REMOVED (or no longer knows
+    it); returns the ids still not gone at the timeout (empty on success)."""
+    ids = {i for i in ids if i}
+    if not ids:
+        return set()
+    for gid in sorted(ids):
+        try:
+            await io.remove_group(gid)
+        except Exception as e:  # removal is idempotent; verification decides
+            log.info("removing group %s: %s", gid, e)
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        states = await io.groups(sorted(ids))
+        left = {g for g in ids if g in states and states[g].state != REMOVED}
+        if not left or time.monotonic() >= deadline:
+            return left
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)
+        for gid in left:  # ask again: a first request may have been lost
+            try:
+                await io.remove_group(gid)
+            except Exception as e:
+                log.info("removing group %s: %s", gid, e)
+
+
+async def ids_by_name(io: ClusterIO, names: set[str], groups: dict | None = None) -> set[str]:
+    """Ids of live groups with one of ``names`` (groups created but never recorded)."""
+    table = await io.groups() if groups is None else groups
+    return {g.group_id for g in table.values() if g.name in names and g.state != REMOVED}

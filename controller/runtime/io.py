@@ -1,0 +1,117 @@
+"""The controller's one narrow interface to the cluster (Ray) and its records.
+
+Every Ray call the controller makes goes through a :class:`ClusterIO`. Two
+implementations stand behind it: :class:`controller.runtime.ray_io.RayClusterIO` (the
+real cluster) and :class:`controller.runtime.fake.FakeCluster` (in memory, for unit
+tests that run in milliseconds and for control-plane benchmarks at thousands of nodes),
+as Ray Serve isolates its controller's actor calls for the same reason.
+
+All methods are coroutines: the real implementation awaits Ray futures or runs blocking
+GCS reads off the event loop, so the controller's lookups never queue behind them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import msgspec
+
+CREATED, PENDING, REMOVED, RESCHEDULING = "CREATED", "PENDING", "REMOVED", "RESCHEDULING"
+
+
+class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One node as Ray reports it (``ray.nodes()``), alive or dead."""
+
+    node_id: str
+    ip: str = ""
+    alive: bool = True
+    is_head: bool = False
+    resources: dict[str, float] = {}
+    labels: dict[str, str] = {}
+
+
+class GroupInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One placement group as Ray's group table reports it."""
+
+    group_id: str
+    name: str = ""
+    state: str = PENDING
+    nodes: list[str] = []  # node id of each bundle ("" while being rescheduled)
+
+
+class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What a probe inside a bundle saw: the accelerator ids Ray gave it, and where the
+    hardware tells it (NVIDIA), each device's UUID and PCI bus id."""
+
+    ids: list[int]
+    uuids: list[str] = []
+    pci_bus_ids: list[str] = []
+
+
+class NodeEvent(msgspec.Struct, frozen=True):
+    """A node that joined (``alive``) or died."""
+
+    node_id: str
+    alive: bool
+
+
+class Metrics(Protocol):
+    def observe(self, states: dict[str, int], accelerators: dict[str, int]) -> None: ...
+    def forget(self, job: str) -> None: ...
+    def reserve_latency(self, seconds: float) -> None: ...
+
+
+class ClusterIO(Protocol):
+    """What the controller needs from the cluster. Errors surface as exceptions."""
+
+    metrics: Metrics
+
+    # The GCS key-value store, in the controller's own namespace.
+    async def kv_get(self, key: bytes) -> bytes | None: ...
+    async def kv_multi_get(self, keys: list[bytes]) -> dict[bytes, bytes]: ...
+    async def kv_put(self, key: bytes, value: bytes) -> None: ...
+    async def kv_delete(self, key: bytes) -> None: ...
+    async def kv_keys(self, prefix: bytes) -> list[bytes]: ...
+
+    # Nodes.
+    async def nodes(self) -> list[NodeInfo]: ...
+    async def free_resources(self) -> dict[str, dict[str, float]]: ...
+    async def node_events(self) -> list[NodeEvent]:
+        """Nodes that joined or died since the last call, in order (drained)."""
+        ...
+
+    # Placement groups.
+    async def create_group(self, name: str, bundles: list[dict[str, float]], node_id: str) -> str:
+        """Create a detached group whose bundles are pinned to ``node_id``; its hex id.
+        Returns at once; :meth:`wait_group` waits for it to be placed."""
+        ...
+
+    async def wait_group(self, group_id: str, timeout: float) -> bool: ...
+    async def remove_group(self, group_id: str) -> None: ...
+    async def groups(self, ids: list[str] | None = None) -> dict[str, GroupInfo]:
+        """Group table entries of ``ids`` (absent ids are missing), or of every group."""
+        ...
+
+    # Work inside the cluster.
+    async def probe(self, group_id: str, bundle_index: int, accelerator: str) -> DeviceInfo: ...
+    async def free_ports(self, node_id: str, candidates: list[int]) -> list[int]:
+        """The ports of ``candidates`` that nothing on the node has bound and that lie
+        outside the node's ephemeral port range, in the given order."""
+        ...
+
+    def warm(self, node_id: str) -> None:
+        """Start (or touch) an idle worker on a node, so a probe there starts at once."""
+        ...
+
+
+class NullMetrics:
+    """Metrics that go nowhere (the fake cluster's)."""
+
+    def observe(self, states: dict[str, int], accelerators: dict[str, int]) -> None:
+        pass
+
+    def forget(self, job: str) -> None:
+        pass
+
+    def reserve_latency(self, seconds: float) -> None:
+        pass

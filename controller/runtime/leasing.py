@@ -1,0 +1,210 @@
+"""Port leases (a mixin of PlacementController).
+
+A lease is decided in three steps: choose a window of candidate ports that no lease and
+no lease in progress holds (under one short lock, no I/O), ask the node which of them
+are free (outside the lock, with a deadline), then record the lease (under the job's
+lock, written before it is returned). Ports of a lease in progress are held
+tentatively, so two leases on one node never get the same port, and one unresponsive
+node never stalls leases anywhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+
+import msgspec
+
+from controller.errors import PlacementError, ReservationError
+from controller.state.plan import JobPlan
+from controller.state.ports import (
+    MASTER,
+    REQUEST,
+    PortLease,
+    candidates,
+    check_request,
+    lease_purpose,
+    pick_run,
+)
+from controller.state.records import ReservationRecord
+from controller.state.requests import check_job
+
+MAX_WINDOWS = 8
+Hold = tuple[str, set[int]]
+
+
+class Leasing:
+    """Master ports and further leases; see the module docstring."""
+
+    def _init_leasing(self) -> None:
+        self._ports_lock = asyncio.Lock()
+        self._tentative: dict[str, set[int]] = {}
+
+    def _held(self, node_id: str) -> set[int]:
+        held = set(self._tentative.get(node_id, ()))
+        for record in self._records.values():
+            for lease in record.leases:
+                if lease.node_id == node_id:
+                    held.update(lease.ports)
+        return held
+
+    def _unhold(self, node_id: str, ports: set[int]) -> None:
+        held = self._tentative.get(node_id)
+        if held is not None:
+            held -= ports
+            if not held:
+                del self._tentative[node_id]
+
+    def _drop_holds(self, holds: list[Hold]) -> None:
+        for node_id, ports in holds:
+            self._unhold(node_id, ports)
+        holds.clear()
+
+    async def _find_ports(
+        self,
+        res: ReservationRecord,
+        plan: JobPlan,
+        component: str,
+        rank: int,
+        count: int,
+        consecutive: bool,
+        purpose: str,
+        holds: list[Hold],
+    ) -> PortLease:
+        """Ports on the node of ``component``'s ``rank`` that no lease holds and that
+        nothing on the node has bound. They stay held (``holds``) until the caller has
+        recorded the lease and drops the hold."""
+        placements = plan.component(component).placements
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(placements):
+            raise PlacementError(
+                f"rank {rank!r} of {component!r}: out of range (0-{len(placements) - 1})"
+            )
+        node_rank = placements[rank].node_rank
+        slot = next(s for s in res.slots if s.node_rank == node_rank)
+        node = slot.node_id
+        low, high = res.spec.ports.low, res.spec.ports.high
+        start = zlib.crc32(f"{res.job}/{component}/{rank}".encode())
+        width = max(4 * count, 256)
+        tried: set[int] = set()
+        for _ in range(MAX_WINDOWS):
+            async with self._ports_lock:
+                window = candidates(low, high, self._held(node) | tried, start)[:width]
+                if len(window) < count:
+                    break
+                self._tentative.setdefault(node, set()).update(window)
+            try:
+                free = await asyncio.wait_for(
+                    self._io.free_ports(node, window), self.settings.port_check_timeout
+                )
+            except asyncio.TimeoutError:
+                self._unhold(node, set(window))
+                raise ReservationError(
+                    f"node {node_rank} ({slot.node_ip}) did not answer the port check within "
+                    f"{self.settings.port_check_timeout:g}s; no port was leased"
+                ) from None
+            except BaseException:
+                self._unhold(node, set(window))
+                raise
+            run = pick_run(free, count, consecutive)
+            self._unhold(node, set(window) - set(run))
+            if run:
+                holds.append((node, set(run)))
+                return PortLease(
+                    node_id=node,
+                    node_ip=slot.node_ip,
+                    ports=run,
+                    component=component,
+                    rank=rank,
+                    purpose=purpose,
+                )
+            tried.update(window)
+            start = window[-1] + 1 - low
+        kind = " consecutive" if consecutive else ""
+        raise ReservationError(
+            f"no {count}{kind} free port(s) in cluster.ports {low}-{high} on node {node_rank} "
+            f"({slot.node_ip}): placectl leases {len(self._held(node))} there, the rest are "
+            "bound or inside the node's ephemeral port range"
+        )
+
+    async def _lease_masters(
+        self,
+        res: ReservationRecord,
+        plan: JobPlan,
+        holds: list[Hold],
+        components: list[str] | None = None,
+    ) -> ReservationRecord:
+        """``res`` with a master-port lease for rank 0 of each component (all of them, or
+        ``components``), replacing any master lease those components had."""
+        names = plan.names if components is None else components
+        leases = [x for x in res.leases if not (x.purpose == MASTER and x.component in names)]
+        for name in names:
+            leases.append(await self._find_ports(res, plan, name, 0, 1, False, MASTER, holds))
+        return msgspec.structs.replace(res, leases=leases)
+
+    async def lease_ports(
+        self,
+        job: str,
+        component: str,
+        rank: int = 0,
+        count: int = 1,
+        consecutive: bool = True,
+        name: str | None = None,
+        request_id: str | None = None,
+    ) -> list[int]:
+        """Lease ``count`` ports on the node of ``component``'s ``rank``.
+
+        Each call returns ports no other lease holds (also under concurrent calls),
+        checked free on that node and outside its ephemeral range. The call is idempotent:
+        the same ``name`` (for that component and rank), or the same ``request_id``
+        (clients send a fresh one per call, so Ray's retries after a controller crash
+        find the lease they made), returns the same lease. Leases end with the
+        reservation or :meth:`release_ports`.
+        """
+        await self._ready()
+        check_job(job)
+        count = check_request(count, consecutive)
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise PlacementError(f"rank {rank!r}: expected an int")
+        purpose = lease_purpose(name, request_id)
+        async with self._lock(job):
+            res = self._get(job)
+            if not res.settled:
+                raise ReservationError(f"reservation {job!r} is {res.state}; ports need ready")
+            plan = (await self._plan_of(job)).plan
+            if component not in plan.names:
+                raise PlacementError(
+                    f"unknown component {component!r} in {job!r}; it has {', '.join(plan.names)}"
+                )
+            for lease in res.leases:
+                same = purpose.startswith(REQUEST) or (lease.component, lease.rank) == (
+                    component,
+                    rank,
+                )
+                if lease.purpose == purpose and same:
+                    return list(lease.ports)
+            holds: list[Hold] = []
+            try:
+                lease = await self._find_ports(
+                    res, plan, component, rank, count, consecutive, purpose, holds
+                )
+                await self._commit(msgspec.structs.replace(res, leases=[*res.leases, lease]))
+            finally:
+                self._drop_holds(holds)
+            return list(lease.ports)
+
+    async def release_ports(self, job: str, ports: list[int]) -> int:
+        """End the leases holding any of ``ports`` (master ports stay); returns how many."""
+        await self._ready()
+        check_job(job)
+        if not isinstance(ports, (list, tuple, set)) or not all(
+            isinstance(p, int) and not isinstance(p, bool) for p in ports
+        ):
+            raise PlacementError(f"ports {ports!r}: expected a list of ints")
+        async with self._lock(job):
+            res = self._get(job)
+            drop = set(ports)
+            keep = [x for x in res.leases if x.purpose == MASTER or not drop & set(x.ports)]
+            ended = len(res.leases) - len(keep)
+            if ended:
+                await self._commit(msgspec.structs.replace(res, leases=keep))
+            return ended

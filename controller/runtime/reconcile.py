@@ -1,0 +1,252 @@
+"""Recovery and the reconcile loop (a mixin of PlacementController).
+
+A tick reads only what changed: Ray's node events (pushed by the GCS), and the groups of
+the jobs on the nodes that changed. Every ``settings.full_check_period`` it reads every node and
+every group of every reservation, which catches what no event reports (a group removed
+behind placectl's back). Warm-up touches only nodes where a reservation may land.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import msgspec
+
+from controller.errors import TableUnreadable
+from controller.runtime import groups
+from controller.runtime.io import REMOVED, GroupInfo, NodeInfo
+from controller.state.records import (
+    AUTO,
+    DEGRADED,
+    MANUAL,
+    PENDING,
+    READY,
+    RELEASING,
+    ReservationRecord,
+)
+
+log = logging.getLogger("placectl.controller")
+
+
+class Reconciling:
+    """Recovery on start, then a tick every ``settings.reconcile_period``."""
+
+    def _init_reconciling(self) -> None:
+        self._alive: set[str] = set()
+        self._node_info: dict[str, NodeInfo] = {}
+        self._by_node: dict[str, set[str]] = {}
+        self._recheck: set[str] = set()
+        self._last_full = 0.0
+        self._last_load_try = 0.0
+        self._warmed: dict[str, float] = {}
+        self._background: set[asyncio.Task] = set()
+        self._finishing: set[str] = set()
+        self.tick_stats: dict[str, float] = {}
+
+    def _index(
+        self, job: str, old: ReservationRecord | None, new: ReservationRecord | None
+    ) -> None:
+        for node in old.node_ids() if old else ():
+            jobs = self._by_node.get(node)
+            if jobs is not None:
+                jobs.discard(job)
+                if not jobs:
+                    del self._by_node[node]
+        for node in new.node_ids() if new else ():
+            self._by_node.setdefault(node, set()).add(job)
+
+    def _set_nodes(self, infos: list[NodeInfo]) -> bool:
+        """Take a full node list; True if a node joined since the last one."""
+        alive = {n.node_id for n in infos if n.alive}
+        joined = bool(alive - self._alive) and bool(self._node_info)
+        self._alive = alive
+        self._node_info = {n.node_id: n for n in infos}
+        return joined
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ------------------------------------------------------------ recovery
+    async def _recover(self) -> None:
+        """Reload the table and bring it in line with Ray (see the class contract).
+
+        Raises:
+            TableUnreadable: nothing was changed; the controller refuses to act.
+        """
+        await self._io.node_events()  # subscribe first: no death between read and watch
+        loaded = await self._store.load()
+        self._records, self._epochs = {}, dict(loaded.epochs)
+        self._plans.clear()
+        self._published.clear()
+        self._encoded.clear()
+        self._by_node.clear()
+        for job, res in loaded.records.items():
+            self._records[job] = res
+            self._index(job, None, res)
+        self._set_nodes(await self._io.nodes())
+        table = await self._io.groups()
+        for job in sorted(self._records):
+            res = self._records[job]
+            if res.state in (PENDING, RELEASING):
+                log.warning("finishing %s reservation %r cut short by a restart", res.state, job)
+                try:
+                    await self._release_locked(job)
+                except Exception as e:
+                    log.warning("could not finish releasing %r yet: %s", job, e)
+            else:
+                await self._check(job, table)
+        await self._remove_orphans(table)
+        self._refusal = None
+        self._last_full = time.monotonic()
+        self._observe()
+        log.info(
+            "recovered %d reservation(s)%s",
+            len(self._records),
+            f", {loaded.migrated} migrated from table format 1" if loaded.migrated else "",
+        )
+
+    async def _remove_orphans(self, table: dict[str, GroupInfo]) -> None:
+        names = {s.group_name for r in self._records.values() for s in r.slots}
+        ids = {g for r in self._records.values() for g in r.group_ids()}
+        orphans = {
+            gid
+            for gid, info in table.items()
+            if info.name.startswith(self._prefix)
+            and info.state != REMOVED
+            and gid not in ids
+            and info.name not in names
+        }
+        if orphans:
+            log.warning("removing %d orphaned placement groups: %s", len(orphans), sorted(orphans))
+            left = await groups.remove_verified(self._io, orphans, self.settings.removal_timeout)
+            if left:
+                log.warning("orphans not removed yet: %s", sorted(left))
+
+    # ------------------------------------------------------------ ticks
+    async def _tick(self) -> None:
+        started, cpu = time.perf_counter(), time.process_time()
+        now = time.monotonic()
+        if self._refusal is not None:
+            if now - self._last_load_try >= self.settings.refusal_retry:
+                self._last_load_try = now
+                try:
+                    await self._recover()
+                    log.warning("the reservation table is readable again; acting on it")
+                except TableUnreadable as e:
+                    self._refuse(str(e))
+            return
+        changed, joined = set(), False
+        for event in await self._io.node_events():
+            changed.add(event.node_id)
+            if event.alive:
+                self._alive.add(event.node_id)
+                joined = True
+            else:
+                self._alive.discard(event.node_id)
+        full = now - self._last_full >= self.settings.full_check_period
+        if full or joined:
+            joined = self._set_nodes(await self._io.nodes()) or joined
+        if full:
+            self._last_full = now
+            jobs = set(self._records)
+        else:
+            jobs = {j for n in changed for j in self._by_node.get(n, ())} | self._recheck
+        jobs = {j for j in jobs if j in self._records and self._records[j].settled}
+        self._recheck.clear()
+        if jobs:
+            ids = sorted(g for j in jobs for g in self._records[j].group_ids())
+            table = await self._io.groups(None if full else ids)
+            for job in sorted(jobs):
+                await self._check(job, table)
+        self._follow_up(joined)
+        self._warm_nodes()
+        self.tick_stats = {
+            "wall_s": time.perf_counter() - started,
+            "cpu_s": time.process_time() - cpu,
+            "jobs_checked": len(jobs),
+            "full": float(full),
+        }
+
+    async def _check(self, job: str, table: dict[str, GroupInfo]) -> None:
+        """Mark a settled reservation ready or degraded by what Ray reports."""
+        res = self._records.get(job)
+        if res is None or not res.settled:
+            return
+        if self._lock(job).locked():
+            self._recheck.add(job)  # a call is changing it; look again next tick
+            return
+        found = groups.problems(res, table, self._alive)
+        state, reason = (DEGRADED, "; ".join(found)) if found else (READY, "")
+        if state == res.state == DEGRADED:
+            return  # while degraded, the repair owns the reason
+        if state == DEGRADED and res.repair == MANUAL:
+            reason += f"; repair policy is manual: run `placectl repair {job}`"
+        if (state, reason) == (res.state, res.reason):
+            return
+        try:
+            await self._commit(msgspec.structs.replace(res, state=state, reason=reason))
+        except Exception as e:
+            self._recheck.add(job)  # memory is unchanged: try again next tick
+            log.warning("could not record that %r is %s: %s", job, state, e)
+            return
+        log.warning("reservation %r is now %s %s", job, state, reason)
+
+    def _follow_up(self, joined: bool) -> None:
+        if joined:
+            self._repair_after.clear()  # a spare may have arrived: try at once
+        for job, res in list(self._records.items()):
+            if self._lock(job).locked() or job in self._reserving:
+                continue
+            if res.state == DEGRADED and res.repair == AUTO:
+                self._schedule_repair(job)
+            elif res.state in (PENDING, RELEASING) and job not in self._finishing:
+                self._finishing.add(job)
+                self._spawn(self._finish_release(job))
+
+    async def _finish_release(self, job: str) -> None:
+        try:
+            async with self._lock(job):
+                res = self._records.get(job)
+                if res is not None and res.state in (PENDING, RELEASING):
+                    await self._release_locked(job)
+        except Exception as e:
+            log.info("finishing the release of %r: %s", job, e)
+        finally:
+            self._finishing.discard(job)
+
+    def _warm_nodes(self) -> None:
+        # One idle worker per node answers that node's probes; starting it off the
+        # reserve path saves a worker start per node. Only nodes with something left to
+        # reserve are warmed, at most warm_budget per tick, each once per warm_period.
+        now = time.monotonic()
+        period = self.settings.warm_period
+        held: dict[str, int] = {}
+        for res in self._records.values():
+            for slot in res.slots:
+                held[slot.node_id] = held.get(slot.node_id, 0) + len(slot.bundles)
+        budget = self.settings.warm_budget
+        for node_id in sorted(self._alive, key=lambda n: self._warmed.get(n, 0.0)):
+            if budget == 0 or now - self._warmed.get(node_id, -period) < period:
+                break
+            info = self._node_info.get(node_id)
+            if info is None or not _reservable(info, held.get(node_id, 0)):
+                continue
+            self._io.warm(node_id)
+            self._warmed[node_id] = now
+            budget -= 1
+
+
+def _reservable(info: NodeInfo, bundles_held: int) -> bool:
+    """Whether a new reservation could still use the node: it has accelerators or custom
+    resources that placectl's own bundles do not already fill."""
+    units = sum(
+        v
+        for k, v in info.resources.items()
+        if k not in ("CPU", "memory", "object_store_memory")
+        and not k.startswith(("node:", "accelerator_type:"))
+    )
+    return units > bundles_held

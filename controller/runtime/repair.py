@@ -1,0 +1,199 @@
+"""Slot replacement (a mixin of PlacementController): a reservation whose node died, or
+whose group vanished, gets that slot back on a node of the same kind, while its other
+slots, their groups and their workers are left alone."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+
+import msgspec
+
+from controller.runtime import groups
+from controller.runtime.io import CREATED
+from controller.runtime.reserving import live_view
+from controller.state.assignments import publish
+from controller.state.records import DEGRADED, MANUAL, READY, ReservationRecord
+from controller.state.spares import choose_spare
+
+log = logging.getLogger("placectl.controller")
+
+
+class Repairing:
+    """Automatic repair of degraded reservations, and ``repair(job)`` on request."""
+
+    def _init_repairing(self) -> None:
+        self._repair_lock = asyncio.Lock()
+        self._repair_tasks: dict[str, asyncio.Task] = {}
+        self._repair_after: dict[str, float] = {}
+
+    def _schedule_repair(self, job: str) -> None:
+        if job in self._repair_tasks or time.monotonic() < self._repair_after.get(job, 0.0):
+            return
+        task = asyncio.get_running_loop().create_task(self._repair_job(job))
+        self._repair_tasks[job] = task
+        task.add_done_callback(lambda _: self._repair_tasks.pop(job, None))
+
+    async def repair(self, job: str) -> bytes:
+        """Replace the broken slots of a degraded reservation now, whatever its repair
+        policy; returns its status (still degraded, with the reason, if it could not)."""
+        await self._ready()
+        self._get(job)
+        await self._repair_job(job)
+        return self._status_bytes(self._get(job))
+
+    async def _repair_job(self, job: str) -> None:
+        try:
+            # One repair at a time: each one sees the resources the last one took.
+            async with self._repair_lock, self._lock(job):
+                res = self._records.get(job)
+                if res is None or res.state != DEGRADED:
+                    return
+                holds: list = []
+                try:
+                    new, why, stale = await self._replace_slots(res, holds)
+                    if new is not None:
+                        plan = (await self._plan_of(job)).plan
+                        await self._commit(new, published=publish(new, plan))
+                finally:
+                    self._drop_holds(holds)
+                if new is None:
+                    self._repair_after[job] = time.monotonic() + self.settings.repair_retry
+                    if res.repair == MANUAL and why:
+                        why += f"; repair policy is manual: run `placectl repair {job}`"
+                    if why and why != res.reason:
+                        log.warning("reservation %r stays degraded: %s", job, why)
+                        await self._commit(msgspec.structs.replace(res, reason=why))
+                    return
+                self._repair_after.pop(job, None)
+                self._crash_point("replace_after_write")
+            left = await groups.remove_verified(self._io, stale, self.settings.removal_timeout)
+            if left:
+                log.warning("old groups of %r not removed yet: %s", job, sorted(left))
+        except Exception:
+            log.exception("repairing %r failed; will try again", job)
+            self._repair_after[job] = time.monotonic() + self.settings.repair_retry
+
+    def _selectors(self, res: ReservationRecord, node_rank: int) -> list[dict[str, str]]:
+        return [
+            dict(g.selector or {})
+            for g in res.spec.node_groups
+            if g.floating and node_rank in res.floating.get(g.label, [])
+        ]
+
+    async def _replace_slots(
+        self, res: ReservationRecord, holds: list
+    ) -> tuple[ReservationRecord | None, str, set[str]]:
+        """A new record with every broken slot replaced (epoch + 1, master ports
+        re-leased where they lived), the reason when there is none, and the old group ids
+        to remove once the new record is written. ``res`` is never changed, and on
+        failure every group made for the attempt is removed. New master ports stay held
+        in ``holds`` until the caller has written the record."""
+        infos = await self._io.nodes()
+        alive = {n.node_id for n in infos if n.alive}
+        table = await self._io.groups(sorted(res.group_ids()))
+        broken = [
+            i
+            for i, s in enumerate(res.slots)
+            if s.node_id not in alive
+            or s.group_id not in table
+            or table[s.group_id].state != CREATED
+        ]
+        if not broken:
+            await self._commit(msgspec.structs.replace(res, state=READY, reason=""))
+            return None, "", set()
+        live = live_view(infos, res.spec.accelerator)
+        live_by_id = {n.node_id: n for n in live.nodes}
+        free = await self._io.free_resources()
+        taken = {s.node_id for i, s in enumerate(res.slots) if i not in broken}
+        targets = {}
+        for i in broken:
+            slot = res.slots[i]
+            if slot.node_id in live_by_id:
+                targets[i] = live_by_id[slot.node_id]  # the group went, the node did not
+            else:
+                spare = choose_spare(
+                    res.nodes[slot.node_rank],
+                    live.nodes,
+                    free,
+                    slot.need(),
+                    taken,
+                    self._selectors(res, slot.node_rank),
+                )
+                if spare is None:
+                    need = ", ".join(f"{k} {v:g}" for k, v in sorted(slot.need().items()))
+                    return (
+                        None,
+                        f"slot {i} (node rank {slot.node_rank}) lost node {slot.node_ip} "
+                        f"({slot.node_id[:12]}); no spare node of the same kind with {need} "
+                        "free; waiting for one to join",
+                        set(),
+                    )
+                targets[i] = spare
+            taken.add(targets[i].node_id)
+        self._crash_point("replace_after_plan")
+        token = secrets.token_hex(3)
+        fresh = [
+            msgspec.structs.replace(
+                res.slots[i],
+                node_id=targets[i].node_id,
+                node_ip=targets[i].ip,
+                group_name=f"{self._prefix}{res.job}:{token}:{i}",
+                group_id="",
+                bundles=[
+                    msgspec.structs.replace(b, physical_id=-1, uuid="", pci_bus_id="")
+                    for b in res.slots[i].bundles
+                ],
+            )
+            for i in broken
+        ]
+        created: dict[int, str] = {}
+        deadline = time.monotonic() + self.settings.repair_timeout
+        try:
+            fresh = await groups.create_and_wait(
+                self._io,
+                res.job,
+                fresh,
+                deadline,
+                lambda m: None,
+                created,
+                self.settings.max_in_flight,
+            )
+            self._crash_point("replace_after_create")
+            fresh = await groups.probe(self._io, res.job, fresh, res.spec.accelerator, deadline)
+            self._crash_point("replace_after_probe")
+            nodes, slots = dict(res.nodes), list(res.slots)
+            moved = set()
+            for k, i in enumerate(broken):
+                old = res.slots[i]
+                nodes[old.node_rank] = targets[i]
+                slots[i] = fresh[k]
+                if old.node_id != targets[i].node_id:
+                    moved.add(old.node_id)
+            masters = sorted(
+                {x.component for x in res.leases if x.purpose == "master" and x.node_id in moved}
+            )
+            new = msgspec.structs.replace(
+                res,
+                nodes=nodes,
+                slots=slots,
+                leases=[x for x in res.leases if x.node_id not in moved],
+                epoch=res.epoch + 1,
+                state=READY,
+                reason="",
+            )
+            plan = (await self._plan_of(res.job)).plan
+            new = await self._lease_masters(new, plan, holds, masters)
+        except BaseException as e:
+            if self._dead:
+                raise
+            await groups.remove_verified(
+                self._io, set(created.values()), self.settings.removal_timeout
+            )
+            if isinstance(e, Exception):
+                return None, f"replacing slots {broken} failed, will retry: {e}", set()
+            raise
+        log.warning("reservation %r: replaced slots %s (epoch %d)", res.job, broken, new.epoch)
+        return new, "", {res.slots[i].group_id for i in broken} - {""}

@@ -1,0 +1,44 @@
+"""The controller's timing and pacing, with the reason beside each value."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """How the controller paces itself. The defaults suit a real cluster; tests on the
+    fake cluster shorten them."""
+
+    # How often the loop reads Ray's node events: a node's death is acted on within this.
+    reconcile_period: float = 1.0
+    # The safety net: every group of every reservation is read this often, which catches
+    # what no event reports (a group removed behind placectl's back).
+    full_check_period: float = 10.0
+    # How long a release waits for Ray to report its groups gone before it says so.
+    removal_timeout: float = 30.0
+    # How often an unreadable table is read again (an operator may fix it).
+    refusal_retry: float = 5.0
+    # Placing a replacement slot: its node was checked free, so this is quick or never.
+    repair_timeout: float = 10.0
+    # Without a spare node, look again this often (and whenever a node joins).
+    repair_retry: float = 10.0
+    # A node that does not answer a port check by then gets no lease (and stalls nothing).
+    port_check_timeout: float = 10.0
+    # Each node with room left gets an idle worker touched this often, so probes start
+    # at once; at most warm_budget nodes per tick, so a big cluster is not flooded.
+    warm_period: float = 30.0
+    warm_budget: int = 32
+    # Groups created but not yet placed, at once: the GCS schedules one group at a time.
+    max_in_flight: int = 16
+
+
+FAST = Settings(
+    reconcile_period=0.005,
+    full_check_period=0.1,
+    removal_timeout=0.2,
+    refusal_retry=0.02,
+    repair_timeout=1.0,
+    repair_retry=0.05,
+    port_check_timeout=0.2,
+)
+"""Settings for unit tests on the fake cluster, where nothing takes real time."""

@@ -1,0 +1,155 @@
+"""The reservation table in the GCS key-value store, read and written through the
+cluster-I/O interface (layout and versions: :mod:`controller.state.table`)."""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+
+from controller.errors import PersistenceError, TableUnreadable
+from controller.runtime.io import ClusterIO
+from controller.state.assignments import Published
+from controller.state.records import ReservationRecord
+from controller.state.table import (
+    ASSIGNMENTS,
+    EPOCH,
+    LEGACY_BACKUP,
+    LEGACY_KEY,
+    META,
+    PLAN,
+    RECORD,
+    StoredPlan,
+    check_meta,
+    decode,
+    encode,
+    job_of,
+    key,
+    meta_bytes,
+    migrate_v1,
+)
+
+log = logging.getLogger("placectl.controller")
+MAX_PROBLEMS_SHOWN = 3
+
+
+class Loaded(msgspec.Struct):
+    records: dict[str, ReservationRecord]
+    epochs: dict[str, int]
+    migrated: int = 0
+
+
+class Store:
+    """Reads and writes the table. Every write either completes or raises
+    :class:`PersistenceError`; callers change memory only after it returns."""
+
+    def __init__(self, io: ClusterIO) -> None:
+        self.io = io
+
+    async def _put(self, k: bytes, value: bytes) -> None:
+        try:
+            await self.io.kv_put(k, value)
+        except Exception as e:
+            raise PersistenceError(f"writing {k.decode()!r} to the GCS failed: {e}") from e
+
+    async def _delete(self, k: bytes) -> None:
+        try:
+            await self.io.kv_delete(k)
+        except Exception as e:
+            raise PersistenceError(f"deleting {k.decode()!r} from the GCS failed: {e}") from e
+
+    # ------------------------------------------------------------ loading
+    async def load(self) -> Loaded:
+        """Every record and epoch counter; migrates a format-1 table first.
+
+        Raises:
+            TableUnreadable: the table (or any record in it) was written by a newer
+                placectl or cannot be decoded. Nothing is changed then.
+        """
+        meta = await self.io.kv_get(META)
+        check_meta(meta)
+        migrated = 0
+        if meta is None:
+            legacy = await self.io.kv_get(LEGACY_KEY)
+            if legacy is not None:
+                migrated = await self._migrate(legacy)
+            else:
+                await self._put(META, meta_bytes())
+        keys = await self.io.kv_keys(RECORD)
+        data = await self.io.kv_multi_get(keys)
+        records: dict[str, ReservationRecord] = {}
+        problems = []
+        for k in sorted(data):
+            try:
+                record = decode(data[k], ReservationRecord, f"record {k.decode()!r}")
+            except TableUnreadable as e:
+                problems.append(str(e))
+                continue
+            records[record.job] = record
+        if problems:
+            more = len(problems) - MAX_PROBLEMS_SHOWN
+            raise TableUnreadable(
+                "; ".join(problems[:MAX_PROBLEMS_SHOWN])
+                + (f"; and {more} more" if more > 0 else "")
+            )
+        epoch_keys = await self.io.kv_keys(EPOCH)
+        epochs = {}
+        for k, v in (await self.io.kv_multi_get(epoch_keys)).items():
+            try:
+                epochs[job_of(k, EPOCH)] = int(msgspec.msgpack.decode(v))
+            except (msgspec.DecodeError, TypeError, ValueError):
+                raise TableUnreadable(f"epoch counter {k.decode()!r} is not an int") from None
+        for job, r in records.items():
+            epochs[job] = max(epochs.get(job, 0), r.epoch)
+        return Loaded(records, epochs, migrated)
+
+    async def _migrate(self, legacy: bytes) -> int:
+        migrated = migrate_v1(legacy)  # TableUnreadable if it is not a format-1 table
+        for m in migrated:
+            await self.write(m.record, m.plan, m.published)
+        await self._put(LEGACY_BACKUP, legacy)
+        await self._put(META, meta_bytes())
+        await self._delete(LEGACY_KEY)
+        log.warning("migrated %d reservation(s) from table format 1", len(migrated))
+        return len(migrated)
+
+    async def plan(self, job: str) -> StoredPlan | None:
+        data = await self.io.kv_get(key(PLAN, job))
+        return None if data is None else decode(data, StoredPlan, f"plan of {job!r}")
+
+    async def published(self, job: str) -> Published | None:
+        data = await self.io.kv_get(key(ASSIGNMENTS, job))
+        return None if data is None else decode(data, Published, f"assignments of {job!r}")
+
+    # ------------------------------------------------------------ writing
+    async def write(
+        self,
+        record: ReservationRecord,
+        plan: StoredPlan | None = None,
+        published: Published | None = None,
+    ) -> int:
+        """Write what changed, the record last (readers trust the record); returns the
+        bytes written."""
+        written = 0
+        items = [(key(EPOCH, record.job), encode(record.epoch))]
+        if plan is not None:
+            items.append((key(PLAN, record.job), encode(plan)))
+        if published is not None:
+            items.append((key(ASSIGNMENTS, record.job), encode(published)))
+        items.append((key(RECORD, record.job), encode(record)))
+        for k, v in items:
+            await self._put(k, v)
+            written += len(k) + len(v)
+        return written
+
+    async def write_record(self, record: ReservationRecord) -> int:
+        """Write only the record (a state change that moves no assignment)."""
+        k, v = key(RECORD, record.job), encode(record)
+        await self._put(k, v)
+        return len(k) + len(v)
+
+    async def delete(self, job: str) -> None:
+        """Forget a released job: the record first, then what hangs off it. The epoch
+        counter stays, so the name's next reservation continues the count."""
+        for prefix in (RECORD, ASSIGNMENTS, PLAN):
+            await self._delete(key(prefix, job))

@@ -1,0 +1,268 @@
+"""What one process needs to start in its bundle, derived from a plan and its slots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from controller.errors import PlacementError
+from controller.planning.colocation import floor_share
+from controller.planning.node_groups import ACCELERATOR, HARDWARE
+from controller.planning.placement import Placement
+from controller.state.environment import (
+    VLLM,
+    group_env,
+    noset_variable,
+    ray_sets_devices,
+    visible_devices_variable,
+    worker_env,
+)
+from controller.state.plan import JobPlan
+from controller.state.records import SCHEMA_VERSION, ReservationRecord, SlotRecord
+
+
+class Assignment(msgspec.Struct, kw_only=True, frozen=True):
+    """What one process needs to start in its bundle.
+
+    Attributes:
+        placement: where it runs, with the real node id and IP and physical accelerator
+            ids in ``cuda_visible_devices`` / ``local_gpu_id``.
+        placement_group_id, bundle_index: the group (hex id) and bundle it starts in:
+            for a process with several accelerators, the bundle of its first one.
+        num_gpus, num_cpus, resources: what it requests from that bundle.
+        capture_child_tasks: its Ray children stay in the reservation.
+        env: its complete environment (the worker contract).
+        epoch, uid: the reservation's epoch and identity these values belong to.
+        python: the node group's interpreter, if it names one.
+        bundle_indices: for an engine, the bundle of every accelerator it holds, in
+            visible-device order; its i-th child starts in ``bundle_indices[i]``.
+        child_share: the fraction of an accelerator each of its children requests.
+        device_uuids, pci_bus_ids: the identity of each visible device (NVIDIA only).
+        ray_sets_devices: Ray sets the visible-devices variable from the bundle
+            (isolated single-accelerator processes, vLLM engines); else placectl does.
+    """
+
+    placement: Placement
+    placement_group_id: str
+    bundle_index: int
+    num_gpus: float
+    num_cpus: float
+    capture_child_tasks: bool
+    env: dict[str, str]
+    epoch: int
+    uid: str = ""
+    resources: dict[str, float] = {}
+    python: str | None = None
+    bundle_indices: list[int] = []
+    child_share: float = 0.0
+    accelerator: str = "GPU"
+    device_uuids: list[str] = []
+    pci_bus_ids: list[str] = []
+    ray_sets_devices: bool = False
+
+    def runtime_env_vars(self) -> dict[str, str]:
+        """The variables to hand Ray: ``env`` without what Ray sets itself."""
+        env = dict(self.env)
+        if self.ray_sets_devices:
+            env.pop(visible_devices_variable(self.accelerator), None)
+        return env
+
+    def _strategy(self, bundle_index: int, capture: bool) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from controller.runtime.ray_io import group_handle
+
+        return PlacementGroupSchedulingStrategy(
+            placement_group=group_handle(self.placement_group_id),
+            placement_group_bundle_index=bundle_index,
+            placement_group_capture_child_tasks=capture,
+        )
+
+    def _request(self, share: float) -> dict[str, Any]:
+        if self.accelerator == "GPU":
+            return {"num_gpus": share}
+        return {"num_gpus": 0, "resources": {self.accelerator: share}} if share else {}
+
+    def actor_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``Actor.options(**...)`` that start the process here."""
+        options: dict[str, Any] = {
+            "num_gpus": self.num_gpus,
+            "num_cpus": self.num_cpus,
+            "scheduling_strategy": self._strategy(self.bundle_index, self.capture_child_tasks),
+            "runtime_env": {"env_vars": self.runtime_env_vars()},
+        }
+        if self.python:
+            options["runtime_env"]["py_executable"] = self.python
+        if self.resources:
+            options["resources"] = dict(self.resources)
+        return options
+
+    def child_options(self, i: int, num_cpus: float = 0.0) -> dict[str, Any]:
+        """Options that start this engine's ``i``-th child on its ``i``-th accelerator.
+
+        The child requests ``child_share`` of that accelerator in its bundle (so it
+        never lands on another process's accelerator and never waits for room), sees
+        exactly that device, and stays in the reservation.
+
+        Raises:
+            PlacementError: the process is not an engine, or ``i`` is out of range.
+        """
+        if not self.bundle_indices or self.child_share <= 0:
+            raise PlacementError(
+                f"{self.placement.component}:{self.placement.rank} starts no children: set "
+                "capture_child_tasks: true (or engine: vllm) on the component"
+            )
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.bundle_indices):
+            raise PlacementError(
+                f"child {i!r}: out of range; {self.placement.component}:{self.placement.rank} "
+                f"holds {len(self.bundle_indices)} accelerators (0-{len(self.bundle_indices) - 1})"
+            )
+        device = self.placement.cuda_visible_devices[i]
+        env = {
+            visible_devices_variable(self.accelerator): str(device),
+            noset_variable(self.accelerator): "",
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "PLACECTL_CHILD_INDEX": str(i),
+        }
+        options = {
+            **self._request(self.child_share),
+            "num_cpus": num_cpus,
+            "scheduling_strategy": self._strategy(self.bundle_indices[i], True),
+            "runtime_env": {"env_vars": env},
+        }
+        return options
+
+
+class Published(msgspec.Struct, frozen=True, kw_only=True):
+    """Every component's assignments of one reservation epoch, as drivers read them."""
+
+    v: int = SCHEMA_VERSION
+    job: str
+    uid: str
+    epoch: int
+    components: dict[str, list[Assignment]]
+
+
+def _sharers(plan: JobPlan) -> dict[tuple[int, str, int], int]:
+    """Processes per node/hardware bundle, for splitting that bundle's CPUs and units."""
+    counts: dict[tuple[int, str, int], int] = {}
+    for comp in plan.components:
+        if comp.kind == ACCELERATOR:
+            continue
+        for p in comp.placements:
+            key = (
+                p.node_rank,
+                comp.kind,
+                p.local_resource_ranks[0] if comp.kind == HARDWARE else -1,
+            )
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _accelerator_fields(p: Placement, slot: SlotRecord, engine_like: bool) -> dict[str, Any]:
+    by_local = {b.local_index: (i, b) for i, b in enumerate(slot.bundles) if b.kind == ACCELERATOR}
+    anchor, first = by_local[p.local_resource_ranks[0]]
+    visible = [by_local[g][1] for g in p.cuda_visible_devices]
+    placed = msgspec.structs.replace(
+        p,
+        node_id=slot.node_id,
+        node_ip=slot.node_ip,
+        cuda_visible_devices=[b.physical_id for b in visible],
+        local_gpu_id=first.physical_id,
+    )
+    return {
+        "placement": placed,
+        "bundle_index": anchor,
+        "num_cpus": floor_share(first.resources.get("CPU", 0.0) * p.accelerator_share),
+        "bundle_indices": [by_local[g][0] for g in p.local_resource_ranks] if engine_like else [],
+        "device_uuids": [b.uuid for b in visible] if any(b.uuid for b in visible) else [],
+        "pci_bus_ids": [b.pci_bus_id for b in visible]
+        if any(b.pci_bus_id for b in visible)
+        else [],
+    }
+
+
+def build_assignments(res: ReservationRecord, plan: JobPlan) -> dict[str, list[Assignment]]:
+    """Every component's assignments, in rank order, with their environments.
+
+    Args:
+        res: a reservation whose slots are created and probed.
+        plan: its job plan.
+
+    Raises:
+        PlacementError: a node group's env_vars set a variable placectl owns.
+    """
+    spec = res.spec
+    slot_of = {s.node_rank: s for s in res.slots}
+    sharers = _sharers(plan)
+    out: dict[str, list[Assignment]] = {}
+    for comp in plan.components:
+        master = slot_of[comp.placements[0].node_rank].node_ip
+        port = res.master_port(comp.name)
+        engine_like = comp.capture_child_tasks
+        items = []
+        for p in comp.placements:
+            slot = slot_of[p.node_rank]
+            resources: dict[str, float] = {}
+            gpus = 0.0
+            if comp.kind == ACCELERATOR:
+                fields = _accelerator_fields(p, slot, engine_like)
+                if spec.accelerator == "GPU":
+                    gpus = p.accelerator_share
+                else:
+                    resources = {spec.accelerator: p.accelerator_share}
+            else:
+                local = p.local_resource_ranks[0] if comp.kind == HARDWARE else -1
+                anchor = slot.bundle_index(comp.kind, local)
+                k = sharers[(p.node_rank, comp.kind, local)]
+                if comp.kind == HARDWARE:
+                    resources = {comp.hardware or "": floor_share(1.0 / k)}
+                fields = {
+                    "placement": msgspec.structs.replace(
+                        p, node_id=slot.node_id, node_ip=slot.node_ip
+                    ),
+                    "bundle_index": anchor,
+                    "num_cpus": floor_share(slot.bundles[anchor].resources["CPU"] / k),
+                }
+            placed = fields["placement"]
+            indices = fields.get("bundle_indices") or None
+            items.append(
+                Assignment(
+                    **fields,
+                    placement_group_id=slot.group_id,
+                    num_gpus=gpus,
+                    capture_child_tasks=comp.capture_child_tasks,
+                    env=worker_env(
+                        spec,
+                        res.job,
+                        res.uid,
+                        res.epoch,
+                        placed,
+                        master,
+                        port,
+                        engine=comp.engine,
+                        bundle_indices=indices,
+                    ),
+                    epoch=res.epoch,
+                    uid=res.uid,
+                    resources=resources,
+                    python=group_env(spec, placed.node_group, placed.node_rank)[1],
+                    child_share=placed.child_share if indices else 0.0,
+                    accelerator=spec.accelerator,
+                    ray_sets_devices=ray_sets_devices(placed, comp.engine),
+                )
+            )
+        out[comp.name] = items
+    return out
+
+
+def publish(res: ReservationRecord, plan: JobPlan) -> Published:
+    """The assignments of ``res``'s current epoch, ready to be written for drivers."""
+    return Published(
+        job=res.job, uid=res.uid, epoch=res.epoch, components=build_assignments(res, plan)
+    )
+
+
+__all__ = ["VLLM", "Assignment", "Published", "build_assignments", "publish"]

@@ -1,0 +1,131 @@
+"""A job's plan as the controller keeps it, and the node slots it needs.
+
+The controller plans a configuration once, on the live cluster, and keeps the result:
+slot replacement and drivers never plan again, so a driver or controller of another
+placectl version can never compute other ranks from the same record.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from controller.planning.cluster import NodeView
+from controller.planning.components import ComponentPlacement
+from controller.planning.node_groups import ACCELERATOR, HARDWARE, NODE
+from controller.planning.placement import Placement
+from controller.planning.spec import ClusterSpec
+from controller.state.records import SCHEMA_VERSION, BundleRecord, SlotRecord
+
+MIN_BUNDLE_CPU = 0.001  # node and hardware bundles need some resource for Ray to pin them
+
+
+class ComponentPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """One component's placements, logical: cluster node ranks and planned node-local
+    accelerator indices (the probe later maps them to physical ids).
+
+    Attributes:
+        kind: what its processes hold: ``accelerator``, ``hardware`` or ``node``.
+        hardware: the Ray resource of its hardware units, as the cluster spells it.
+        capture_child_tasks, engine: copied from the spec; see ComponentSpec.
+    """
+
+    name: str
+    kind: str
+    hardware: str | None = None
+    capture_child_tasks: bool = False
+    engine: str | None = None
+    placements: list[Placement] = []
+
+    @property
+    def world_size(self) -> int:
+        return len(self.placements)
+
+
+class JobPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """Every component of a job, in configuration order."""
+
+    v: int = SCHEMA_VERSION
+    components: list[ComponentPlan] = []
+
+    @classmethod
+    def of(cls, cp: ComponentPlacement) -> JobPlan:
+        """The plan a :class:`ComponentPlacement` computed."""
+        out = []
+        for name in cp.components:
+            comp = cp.spec.component(name)
+            pool = cp.pool(name)
+            out.append(
+                ComponentPlan(
+                    name=name,
+                    kind=pool.kind,
+                    hardware=pool.hardware,
+                    capture_child_tasks=comp.starts_children,
+                    engine=comp.engine,
+                    placements=cp.placements(name),
+                )
+            )
+        return cls(components=out)
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.components]
+
+    def component(self, name: str) -> ComponentPlan:
+        for c in self.components:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def world_sizes(self) -> dict[str, int]:
+        return {c.name: c.world_size for c in self.components}
+
+    def node_ranks(self) -> list[int]:
+        """Cluster node ranks the job uses, ascending."""
+        return sorted({p.node_rank for c in self.components for p in c.placements})
+
+
+def _bundles_of_node(plan: JobPlan, spec: ClusterSpec) -> dict[int, dict[tuple[str, int], dict]]:
+    used: dict[int, dict[tuple[str, int], dict[str, float]]] = {}
+    cpu = max(spec.cpus_per_accelerator, MIN_BUNDLE_CPU)
+    for comp in plan.components:
+        for p in comp.placements:
+            bundles = used.setdefault(p.node_rank, {})
+            if comp.kind == ACCELERATOR:
+                for g in p.local_resource_ranks:
+                    res = {spec.accelerator: 1.0}
+                    if spec.cpus_per_accelerator > 0:
+                        res["CPU"] = spec.cpus_per_accelerator
+                    bundles[(ACCELERATOR, g)] = res
+            elif comp.kind == HARDWARE:
+                for u in p.local_resource_ranks:
+                    bundles[(HARDWARE, u)] = {comp.hardware or "": 1.0, "CPU": cpu}
+            else:
+                bundles[(NODE, -1)] = {"CPU": cpu}
+    return used
+
+
+_ORDER = {ACCELERATOR: 0, HARDWARE: 1, NODE: 2}
+
+
+def plan_slots(
+    plan: JobPlan, spec: ClusterSpec, nodes: dict[int, NodeView], name_prefix: str
+) -> list[SlotRecord]:
+    """The slots (one per node the job uses) and their bundles, in node-rank order.
+
+    Slot ``i``'s placement group is named ``f"{name_prefix}{i}"``.
+    """
+    used = _bundles_of_node(plan, spec)
+    slots = []
+    for i, nr in enumerate(sorted(used)):
+        node = nodes[nr]
+        keys = sorted(used[nr], key=lambda k: (_ORDER[k[0]], k[1]))
+        slots.append(
+            SlotRecord(
+                node_rank=nr,
+                node_id=node.node_id,
+                node_ip=node.ip,
+                group_name=f"{name_prefix}{i}",
+                bundles=[BundleRecord(k[0], k[1], used[nr][k]) for k in keys],
+            )
+        )
+    return slots

@@ -1,0 +1,128 @@
+"""The persisted records of a reservation.
+
+A reservation holds one placement group per (job, node slot). Each slot's bundles are
+one per accelerator the job uses on that node (``{ACCEL: 1, "CPU": c}``), one per
+hardware unit it uses, and one CPU bundle for its node-level processes. Records are
+frozen: every change makes a new record, which is written to the GCS before it replaces
+the old one in memory.
+
+Only additive changes (new fields with defaults) keep ``SCHEMA_VERSION``; anything else
+raises it and adds a migration in :mod:`controller.state.table`.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from controller.planning.cluster import NodeView
+from controller.planning.node_groups import ACCELERATOR
+from controller.planning.spec import ClusterSpec
+from controller.state.ports import MASTER, PortLease
+
+SCHEMA_VERSION = 2
+
+PENDING, READY, DEGRADED, RELEASING = "pending", "ready", "degraded", "releasing"
+STATES = (PENDING, READY, DEGRADED, RELEASING)
+AUTO, MANUAL = "auto", "manual"  # repair policies
+GROUP_PREFIX = "placectl:"  # + controller name + ":" + job + ":" + token + ":" + slot
+
+
+class BundleRecord(msgspec.Struct, frozen=True):
+    """One bundle of a slot's placement group.
+
+    Attributes:
+        kind: ``accelerator``, ``hardware`` or ``node``.
+        local_index: planned node-local index (-1 for the node bundle).
+        resources: what the bundle asks Ray for.
+        physical_id: the accelerator id the probe saw (-1 until probed, or none).
+        uuid, pci_bus_id: the device's identity where the hardware tells it (NVIDIA);
+            empty on fake GPUs and other accelerators.
+    """
+
+    kind: str
+    local_index: int
+    resources: dict[str, float]
+    physical_id: int = -1
+    uuid: str = ""
+    pci_bus_id: str = ""
+
+
+class SlotRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """The placement group of one node used by a job."""
+
+    node_rank: int
+    node_id: str
+    node_ip: str
+    group_name: str
+    group_id: str = ""
+    bundles: list[BundleRecord] = []
+
+    def bundle_index(self, kind: str, local_index: int) -> int:
+        for i, b in enumerate(self.bundles):
+            if b.kind == kind and b.local_index == local_index:
+                return i
+        raise KeyError((kind, local_index))
+
+    def need(self) -> dict[str, float]:
+        """The resources of all bundles together."""
+        total: dict[str, float] = {}
+        for b in self.bundles:
+            for k, v in b.resources.items():
+                total[k] = total.get(k, 0.0) + v
+        return total
+
+
+class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A job's reservation as persisted.
+
+    Attributes:
+        v: the schema version the record was written with.
+        job: the job name.
+        uid: new at every creation of the job name; a change means a new reservation.
+        epoch: grows whenever assignments may change, and never falls for a job name
+            (a new reservation of the same name continues the count).
+        spec: the configuration.
+        nodes: the nodes the reservation uses, by cluster node rank (not the whole
+            cluster: a record grows with its job, not with the cluster).
+        floating: node ranks chosen for floating node groups.
+        slots: one per node used, in node-rank order.
+        world_sizes: processes per component, in configuration order.
+        state, reason: pending | ready | degraded | releasing, and why.
+        repair: ``auto`` (replace lost slots at once) or ``manual`` (wait for
+            ``repair(job)``).
+        leases: master ports first, then ports leased on request.
+    """
+
+    v: int = SCHEMA_VERSION
+    job: str
+    uid: str
+    epoch: int = 1
+    spec: ClusterSpec
+    nodes: dict[int, NodeView] = {}
+    floating: dict[str, list[int]] = {}
+    slots: list[SlotRecord] = []
+    world_sizes: dict[str, int] = {}
+    state: str = PENDING
+    reason: str = ""
+    repair: str = AUTO
+    created_at: float = 0.0
+    leases: list[PortLease] = []
+
+    def master_port(self, component: str) -> int | None:
+        for lease in self.leases:
+            if lease.component == component and lease.purpose == MASTER:
+                return lease.ports[0]
+        return None
+
+    def accelerators(self) -> int:
+        return sum(1 for s in self.slots for b in s.bundles if b.kind == ACCELERATOR)
+
+    def group_ids(self) -> set[str]:
+        return {s.group_id for s in self.slots if s.group_id}
+
+    def node_ids(self) -> set[str]:
+        return {s.node_id for s in self.slots}
+
+    @property
+    def settled(self) -> bool:
+        return self.state in (READY, DEGRADED)

@@ -1,0 +1,140 @@
+"""Helpers for running the controller on the in-memory fake cluster (no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgspec
+
+from controller.runtime.controller import PlacementController
+from controller.runtime.fake import FakeCluster
+from controller.runtime.io import REMOVED
+from controller.runtime.settings import FAST, Settings
+from controller.state.assignments import Assignment, Published
+from controller.state.records import ReservationRecord
+from controller.state.status import ReservationInfo
+from controller.state.table import ASSIGNMENTS, RECORD, key
+
+
+def cluster(gpu_nodes: int = 3, gpus: int = 4, **node) -> FakeCluster:
+    """A head without GPUs and ``gpu_nodes`` nodes of ``gpus`` GPUs."""
+    fake = FakeCluster()
+    fake.add_node(num_gpus=0, num_cpus=2, head=True)
+    for _ in range(gpu_nodes):
+        fake.add_node(num_gpus=gpus, num_cpus=gpus, **node)
+    return fake
+
+
+def spec(placement: str = "0-3", num_nodes: int = 3, **more) -> dict:
+    return {"num_nodes": num_nodes, "component_placement": {"actor": placement, **more}}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def until(predicate, timeout: float = 5.0, interval: float = 0.005):
+    """Poll ``predicate`` (plain or async) until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(interval)
+
+
+def stored(fake: FakeCluster, job: str) -> ReservationRecord | None:
+    """A job's record as the GCS holds it: what drivers see, not the controller's memory."""
+    data = fake.kv.get(key(RECORD, job))
+    return None if data is None else msgspec.msgpack.decode(data, type=ReservationRecord)
+
+
+def published(fake: FakeCluster, job: str) -> Published | None:
+    data = fake.kv.get(key(ASSIGNMENTS, job))
+    return None if data is None else msgspec.msgpack.decode(data, type=Published)
+
+
+def live_groups(fake: FakeCluster) -> set[str]:
+    return {g.gid for g in fake.groups_by_id.values() if g.state != REMOVED}
+
+
+def table_groups(fake: FakeCluster) -> set[str]:
+    """Group ids every stored record references."""
+    out = set()
+    for k, v in fake.kv.items():
+        if k.startswith(RECORD):
+            out |= msgspec.msgpack.decode(v, type=ReservationRecord).group_ids()
+    return out
+
+
+def info(data: bytes) -> ReservationInfo:
+    return msgspec.msgpack.decode(data, type=ReservationInfo)
+
+
+def assignments(data: bytes) -> list[Assignment]:
+    return msgspec.msgpack.decode(data, type=list[Assignment])
+
+
+async def controller(fake: FakeCluster, settings: Settings = FAST) -> PlacementController:
+    ctl = PlacementController(io=fake, settings=settings)
+    await until(lambda: ctl._recovered.is_set())
+    return ctl
+
+
+def v1_table(records: dict[str, ReservationRecord], view) -> bytes:
+    """The bytes placectl 0.1 would have stored for these reservations: one key, table
+    version 1, each record with the full cluster view it was planned on. Its schema is
+    checked against a table 0.1 really wrote (tests/unit/data/table_v1.msgpack)."""
+    table = {
+        "version": 1,
+        "reservations": {
+            job: {
+                "job": job,
+                "spec": msgspec.to_builtins(r.spec),
+                "view": msgspec.to_builtins(view),
+                "floating": r.floating,
+                "slots": [
+                    {
+                        "node_rank": s.node_rank,
+                        "node_id": s.node_id,
+                        "node_ip": s.node_ip,
+                        "group_name": s.group_name,
+                        "group_id": s.group_id,
+                        "bundles": [
+                            {
+                                "kind": b.kind,
+                                "local_index": b.local_index,
+                                "resources": b.resources,
+                                "physical_id": b.physical_id,
+                            }
+                            for b in s.bundles
+                        ],
+                    }
+                    for s in r.slots
+                ],
+                "state": r.state,
+                "epoch": r.epoch,
+                "created_at": r.created_at,
+                "reason": r.reason,
+                "leases": msgspec.to_builtins(r.leases),
+            }
+            for job, r in records.items()
+        },
+    }
+    return msgspec.msgpack.encode(table)
+
+
+def write_v1(fake: FakeCluster, records: dict[str, ReservationRecord]) -> None:
+    """Replace the fake GCS's table with the format-1 table of ``records``."""
+    from controller.runtime.reserving import live_view
+    from controller.state.table import LEGACY_KEY
+
+    view = live_view([n.info for n in fake.nodes_by_id.values()], fake.accelerator)
+    data = v1_table(records, view)
+    fake.kv.clear()
+    fake.kv[LEGACY_KEY] = data
