@@ -13,6 +13,13 @@ _LAZY = {
     "Reservation": "clients.session",
     "WorkerGroup": "clients.workers",
     "current": "clients.workers",
+    "PlacementError": "controller.errors",
+    "ReservationError": "controller.errors",
+    "ReservationTimeout": "controller.errors",
+    "ReservationConflict": "controller.errors",
+    "ReservationCancelled": "controller.errors",
+    "StaleReservation": "controller.errors",
+    "TableUnreadable": "controller.errors",
 }
 
 __all__ = sorted(_LAZY)

@@ -26,13 +26,14 @@ from controller.state.requests import check_job
 from controller.state.status import ReservationInfo, summarize
 from controller.state.table import (
     ASSIGNMENTS,
+    KV_NAMESPACE,
     LEGACY_KEY,
     META,
     RECORD,
     check_meta,
     decode,
     key,
-    kv_namespace,
+    kv_prefix,
 )
 
 DEFAULT_NAME = "placectl"
@@ -115,7 +116,7 @@ def connect(
 def _kv_get(controller_name: str, k: bytes) -> bytes | None:
     from ray.experimental import internal_kv
 
-    return internal_kv._internal_kv_get(k, namespace=kv_namespace(controller_name))
+    return internal_kv._internal_kv_get(kv_prefix(controller_name) + k, namespace=KV_NAMESPACE)
 
 
 class Controller:
@@ -227,11 +228,11 @@ class Controller:
         from ray.experimental import internal_kv
 
         self._check_table()
-        ns = kv_namespace(self.name)
-        keys = internal_kv._internal_kv_list(RECORD, namespace=ns)
+        prefix = kv_prefix(self.name)
+        keys = internal_kv._internal_kv_list(prefix + RECORD, namespace=KV_NAMESPACE)
         out = {}
         for k in keys:
-            data = internal_kv._internal_kv_get(k, namespace=ns)
+            data = internal_kv._internal_kv_get(k, namespace=KV_NAMESPACE)
             if data is not None:
                 record = decode(data, ReservationRecord, f"record {k.decode()!r}")
                 out[record.job] = record

@@ -119,7 +119,7 @@ class Chaos:
     def settled(self) -> bool:
         """No call in flight, the groups match the table, and the controller has seen
         every node death (a ready reservation has all its groups placed)."""
-        table = self.ctl.table().reservations
+        table = self.ctl.table()
         if any(r.state in ("pending", "releasing") for r in table.values()):
             return False
         if self._live_groups() != {s.group_id for r in table.values() for s in r.slots}:
@@ -150,7 +150,7 @@ class Chaos:
     def check(self, i: int) -> None:
         # Let replacements that can happen, happen (a degraded one may wait for a node).
         self.wait(self.settled, 20)
-        table = self.ctl.table().reservations
+        table = self.ctl.table()
         bad = self._unplaced_but_ready(table)
         held = Counter(
             (s.node_id, b.physical_id)
@@ -197,7 +197,7 @@ def main() -> int:
         for i in range(1, args.steps + 1):
             what = chaos.step(i)
             chaos.check(i)
-            states = Counter(r.state for r in chaos.ctl.table().reservations.values())
+            states = Counter(r.state for r in chaos.ctl.table().values())
             print(f"{i:4d} {what}  | {dict(states)}", flush=True)
     finally:
         summary = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import secrets
 import time
 from typing import Any
@@ -28,7 +29,7 @@ from controller.state.assignments import Published
 from controller.state.records import GROUP_PREFIX, STATES, ReservationRecord
 from controller.state.requests import check_job
 from controller.state.status import ReservationInfo, summarize
-from controller.state.table import StoredPlan, kv_namespace
+from controller.state.table import KV_NAMESPACE, StoredPlan, kv_prefix, where
 
 log = logging.getLogger("placectl.controller")
 
@@ -48,6 +49,7 @@ FAULT_STEPS = frozenset(
     }
 )
 RECOVERY_WAIT_S = 60.0
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
 
 class SimulatedCrash(BaseException):
@@ -98,10 +100,14 @@ class PlacementController(Reserving, Reconciling, Repairing, Leasing):
         io: ClusterIO | None = None,
         settings: Settings | None = None,
     ) -> None:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ReservationError(
+                f"controller name {name!r}: use letters, digits, '_', '.', '-' (no colon)"
+            )
         if io is None:
             from controller.runtime.ray_io import RayClusterIO
 
-            io = RayClusterIO(kv_namespace(name))
+            io = RayClusterIO(KV_NAMESPACE, kv_prefix(name))
             self._exit_on_crash = True
         else:
             self._exit_on_crash = False
@@ -170,7 +176,7 @@ class PlacementController(Reserving, Reconciling, Repairing, Leasing):
             raise TableUnreadable(
                 f"placectl refuses to act because the reservation table cannot be read: "
                 f"{self._refusal}. Nothing was removed; run a placectl that reads it, or "
-                f"remove the unreadable keys from GCS namespace {kv_namespace(self._name)!r}"
+                f"remove the unreadable keys ({where(self._name)})"
             )
 
     async def stop(self) -> None:
@@ -313,9 +319,10 @@ class PlacementController(Reserving, Reconciling, Repairing, Leasing):
         return self._incarnation
 
     async def health(self) -> dict[str, Any]:
-        """The controller's own state: incarnation, recovered, the refusal if any."""
+        """The controller's own state: incarnation, node, recovered, the refusal if any."""
         return {
             "incarnation": self._incarnation,
+            "node_id": self._io.own_node(),
             "recovered": self._recovered.is_set(),
             "refusal": self._refusal,
             "reservations": len(self._records),

@@ -95,7 +95,10 @@ class FakeCluster:
         self.fail_kv_writes = 0  # the next n writes raise
         self.hang_kv_writes = False  # writes never return
         self.slow_removal: set[str] = set()  # group ids whose removal Ray never reports
+        self.create_delay = 0.0  # seconds a creation takes; it completes even if the
+        # caller stops waiting, as Ray's does
         self._ids = itertools.count(1)
+        self._making: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------ building the cluster
     def add_node(
@@ -203,10 +206,19 @@ class FakeCluster:
     # ------------------------------------------------------------ groups
     async def create_group(self, name: str, bundles: list[dict[str, float]], node_id: str) -> str:
         self._cost("create_group", self.latency.group_create)
-        gid = f"{next(self._ids):036x}"
-        self.groups_by_id[gid] = _Group(gid, name, [dict(b) for b in bundles], node_id)
-        self._schedule()
-        return gid
+
+        async def make() -> str:
+            if self.create_delay:
+                await asyncio.sleep(self.create_delay)
+            gid = f"{next(self._ids):036x}"
+            self.groups_by_id[gid] = _Group(gid, name, [dict(b) for b in bundles], node_id)
+            self._schedule()
+            return gid
+
+        task = asyncio.ensure_future(make())
+        self._making.add(task)
+        task.add_done_callback(self._making.discard)
+        return await asyncio.shield(task)
 
     def _fits(self, node: _Node, bundles: list[dict[str, float]]) -> bool:
         need: dict[str, float] = {}
@@ -297,6 +309,9 @@ class FakeCluster:
 
     def warm(self, node_id: str) -> None:
         self.warmed[node_id] += 1
+
+    def own_node(self) -> str:
+        return next((i for i, n in self.nodes_by_id.items() if n.info.is_head), "")
 
 
 def _fields(info: NodeInfo) -> dict:

@@ -4,6 +4,7 @@ wait for them, probe their devices, check them, and remove them verifiably."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -65,9 +66,16 @@ async def create_and_wait(
         while placed < len(out):
             while nxt < len(out) and len(waits) < max_in_flight and not stuck:
                 s = out[nxt]
-                gid = await io.create_group(
-                    s.group_name, [b.resources for b in s.bundles], s.node_id
+                making = asyncio.ensure_future(
+                    io.create_group(s.group_name, [b.resources for b in s.bundles], s.node_id)
                 )
+                try:
+                    gid = await asyncio.shield(making)
+                except asyncio.CancelledError:
+                    # The group is being made regardless: learn its id, so it can go.
+                    with contextlib.suppress(Exception):
+                        created[nxt] = await making
+                    raise
                 created[nxt] = gid
                 out[nxt] = msgspec.structs.replace(s, group_id=gid)
                 remaining = max(deadline - time.monotonic(), 0.0)
@@ -135,14 +143,21 @@ async def probe(
         return msgspec.structs.replace(slot, bundles=bundles)
 
     remaining = max(deadline - time.monotonic(), 1.0)
+    tasks = [asyncio.ensure_future(one_slot(s)) for s in slots]
     try:
-        return list(
-            await asyncio.wait_for(asyncio.gather(*(one_slot(s) for s in slots)), remaining)
+        _, pending = await asyncio.wait(
+            tasks, timeout=remaining, return_when=asyncio.FIRST_EXCEPTION
         )
-    except asyncio.TimeoutError:
-        raise ReservationTimeout(
-            f"reservation {job!r} timed out while probing accelerator ids"
-        ) from None
+        failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception()]
+        if failed:
+            raise failed[0].exception()
+        if pending:
+            raise ReservationTimeout(f"reservation {job!r} timed out while probing accelerator ids")
+        return [t.result() for t in tasks]
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def problems(res: ReservationRecord, groups: dict[str, GroupInfo], alive: set[str]) -> list[str]:

@@ -103,6 +103,10 @@ class ClusterIO(Protocol):
         """Start (or touch) an idle worker on a node, so a probe there starts at once."""
         ...
 
+    def own_node(self) -> str:
+        """The node the controller itself runs on."""
+        ...
+
 
 class NullMetrics:
     """Metrics that go nowhere (the fake cluster's)."""

@@ -71,11 +71,13 @@ class RayClusterIO:
     """Ray behind the controller's cluster-I/O interface.
 
     Args:
-        namespace: the GCS key-value namespace of the controller's table.
+        namespace: the GCS key-value namespace of the controller's table (no colon).
+        key_prefix: what every key of the table starts with.
     """
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, key_prefix: bytes = b"") -> None:
         self._ns = namespace.encode()
+        self._kp = key_prefix
         self.metrics = RayMetrics()
         self._events: collections.deque[NodeEvent] = collections.deque()
         self._watch: asyncio.Task | None = None
@@ -88,23 +90,33 @@ class RayClusterIO:
         return ray._private.worker.global_worker.gcs_client
 
     async def kv_get(self, key: bytes) -> bytes | None:
-        return await self._gcs().async_internal_kv_get(key, self._ns, timeout=GCS_TIMEOUT_S)
+        return await self._gcs().async_internal_kv_get(
+            self._kp + key, self._ns, timeout=GCS_TIMEOUT_S
+        )
 
     async def kv_multi_get(self, keys: list[bytes]) -> dict[bytes, bytes]:
         if not keys:
             return {}
-        return await self._gcs().async_internal_kv_multi_get(
-            list(keys), self._ns, timeout=GCS_TIMEOUT_S
+        got = await self._gcs().async_internal_kv_multi_get(
+            [self._kp + k for k in keys], self._ns, timeout=GCS_TIMEOUT_S
         )
+        return {k[len(self._kp) :]: v for k, v in got.items()}
 
     async def kv_put(self, key: bytes, value: bytes) -> None:
-        await self._gcs().async_internal_kv_put(key, value, True, self._ns, timeout=GCS_TIMEOUT_S)
+        await self._gcs().async_internal_kv_put(
+            self._kp + key, value, True, self._ns, timeout=GCS_TIMEOUT_S
+        )
 
     async def kv_delete(self, key: bytes) -> None:
-        await self._gcs().async_internal_kv_del(key, False, self._ns, timeout=GCS_TIMEOUT_S)
+        await self._gcs().async_internal_kv_del(
+            self._kp + key, False, self._ns, timeout=GCS_TIMEOUT_S
+        )
 
     async def kv_keys(self, prefix: bytes) -> list[bytes]:
-        return await self._gcs().async_internal_kv_keys(prefix, self._ns, timeout=GCS_TIMEOUT_S)
+        keys = await self._gcs().async_internal_kv_keys(
+            self._kp + prefix, self._ns, timeout=GCS_TIMEOUT_S
+        )
+        return [k[len(self._kp) :] for k in keys]
 
     # ------------------------------------------------------------ nodes
     async def nodes(self) -> list[NodeInfo]:
@@ -164,7 +176,7 @@ class RayClusterIO:
 
     async def wait_group(self, group_id: str, timeout: float) -> bool:
         try:
-            await asyncio.wait_for(group_handle(group_id).ready(), timeout)
+            await asyncio.wait_for(_result(group_handle(group_id).ready()), timeout)
             return True
         except asyncio.TimeoutError:
             return False
@@ -202,16 +214,26 @@ class RayClusterIO:
             ),
             **request,
         ).remote(accelerator)
-        return DeviceInfo(**(await ref))
+        return DeviceInfo(**(await _result(ref)))
 
     async def free_ports(self, node_id: str, candidates: list[int]) -> list[int]:
-        return await tasks.free_ports.options(scheduling_strategy=_on(node_id)).remote(candidates)
+        ref = tasks.free_ports.options(scheduling_strategy=_on(node_id)).remote(candidates)
+        return await _result(ref)
 
     def warm(self, node_id: str) -> None:
         tasks.warm.options(scheduling_strategy=_on(node_id)).remote()
 
+    def own_node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
 
 PROBE_SHARE = 0.0001  # a sliver of the accelerator, so Ray shows the probe its device
+
+
+async def _result(ref: ray.ObjectRef):
+    """Await an ObjectRef so that cancelling the waiter never cancels Ray's own future
+    (Ray then fails an internal assertion as it sets the result)."""
+    return await asyncio.shield(asyncio.wrap_future(ref.future()))
 
 
 def _on(node_id: str):

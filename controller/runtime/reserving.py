@@ -224,6 +224,8 @@ class Reserving:
 
         async def undo() -> None:
             ids = set(created.values()) | record.group_ids()
+            names = {s.group_name for s in record.slots}
+            ids |= await groups.ids_by_name(self._io, names)  # made, never recorded
             left = await groups.remove_verified(self._io, ids, self.settings.removal_timeout)
             if left:
                 marked = msgspec.structs.replace(

@@ -35,8 +35,8 @@ class Assignment(msgspec.Struct, kw_only=True, frozen=True):
         env: its complete environment (the worker contract).
         epoch, uid: the reservation's epoch and identity these values belong to.
         python: the node group's interpreter, if it names one.
-        bundle_indices: for an engine, the bundle of every accelerator it holds, in
-            visible-device order; its i-th child starts in ``bundle_indices[i]``.
+        bundle_indices: the bundle of every accelerator it holds, in the order of its
+            devices; an engine's i-th child starts in ``bundle_indices[i]``.
         child_share: the fraction of an accelerator each of its children requests.
         device_uuids, pci_bus_ids: the identity of each visible device (NVIDIA only).
         ray_sets_devices: Ray sets the visible-devices variable from the bundle
@@ -108,7 +108,7 @@ class Assignment(msgspec.Struct, kw_only=True, frozen=True):
         Raises:
             PlacementError: the process is not an engine, or ``i`` is out of range.
         """
-        if not self.bundle_indices or self.child_share <= 0:
+        if self.child_share <= 0:
             raise PlacementError(
                 f"{self.placement.component}:{self.placement.rank} starts no children: set "
                 "capture_child_tasks: true (or engine: vllm) on the component"
@@ -161,7 +161,7 @@ def _sharers(plan: JobPlan) -> dict[tuple[int, str, int], int]:
     return counts
 
 
-def _accelerator_fields(p: Placement, slot: SlotRecord, engine_like: bool) -> dict[str, Any]:
+def _accelerator_fields(p: Placement, slot: SlotRecord) -> dict[str, Any]:
     by_local = {b.local_index: (i, b) for i, b in enumerate(slot.bundles) if b.kind == ACCELERATOR}
     anchor, first = by_local[p.local_resource_ranks[0]]
     visible = [by_local[g][1] for g in p.cuda_visible_devices]
@@ -176,7 +176,7 @@ def _accelerator_fields(p: Placement, slot: SlotRecord, engine_like: bool) -> di
         "placement": placed,
         "bundle_index": anchor,
         "num_cpus": floor_share(first.resources.get("CPU", 0.0) * p.accelerator_share),
-        "bundle_indices": [by_local[g][0] for g in p.local_resource_ranks] if engine_like else [],
+        "bundle_indices": [by_local[g][0] for g in p.local_resource_ranks],
         "device_uuids": [b.uuid for b in visible] if any(b.uuid for b in visible) else [],
         "pci_bus_ids": [b.pci_bus_id for b in visible]
         if any(b.pci_bus_id for b in visible)
@@ -208,7 +208,7 @@ def build_assignments(res: ReservationRecord, plan: JobPlan) -> dict[str, list[A
             resources: dict[str, float] = {}
             gpus = 0.0
             if comp.kind == ACCELERATOR:
-                fields = _accelerator_fields(p, slot, engine_like)
+                fields = _accelerator_fields(p, slot)
                 if spec.accelerator == "GPU":
                     gpus = p.accelerator_share
                 else:
@@ -227,7 +227,7 @@ def build_assignments(res: ReservationRecord, plan: JobPlan) -> dict[str, list[A
                     "num_cpus": floor_share(slot.bundles[anchor].resources["CPU"] / k),
                 }
             placed = fields["placement"]
-            indices = fields.get("bundle_indices") or None
+            indices = fields.get("bundle_indices") if engine_like else None
             items.append(
                 Assignment(
                     **fields,

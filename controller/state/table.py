@@ -1,7 +1,8 @@
 """The storage format of the reservation table in the GCS key-value store.
 
 One key per record, so a write costs what its job costs, whatever else the cluster
-holds. In the namespace ``placectl:<controller>``:
+holds. In the GCS namespace ``placectl``, every key starts with the controller's name
+and a colon (``placectl:res/grpo``); below, keys are shown without it:
 
 =================  =========================================================
 ``meta``           ``{"format": 2}``: the layout of the keys below
@@ -41,9 +42,23 @@ RECORD, PLAN, ASSIGNMENTS, EPOCH = b"res/", b"plan/", b"asg/", b"epoch/"
 T = TypeVar("T")
 
 
-def kv_namespace(controller_name: str) -> str:
-    """GCS key-value namespace of a controller's reservation table."""
-    return f"placectl:{controller_name}"
+KV_NAMESPACE = "placectl"
+
+
+def kv_prefix(controller_name: str) -> bytes:
+    """What every key of a controller's table starts with in namespace ``placectl``.
+
+    The GCS splits a namespace from its key at the first colon, so the namespace itself
+    must hold none; placectl 0.1's namespace ``placectl:<name>`` with key ``reservations``
+    lands on exactly the key ``<name>:reservations`` here, which is how the format-1
+    table is found.
+    """
+    return f"{controller_name}:".encode()
+
+
+def where(controller_name: str) -> str:
+    """Where the table lives, for messages."""
+    return f"GCS namespace {KV_NAMESPACE!r}, keys {controller_name + ':*'!r}"
 
 
 def key(prefix: bytes, job: str) -> bytes:

@@ -78,14 +78,16 @@ def one_node(placement: str = "0-3", **extra) -> dict:
 
 
 def restart_controller(ctl) -> None:
-    """Kill the controller process and wait until Ray has restarted it."""
+    """Kill the controller process and wait until Ray has restarted it and it has
+    recovered (it answers check_alive before that)."""
     before = ctl.check_alive()
     ray.kill(ctl.handle, no_restart=False)
 
     def restarted():
         try:
-            return ctl.check_alive() != before
+            health = ctl.health()
         except ray.exceptions.RayActorError:
             return False
+        return health["incarnation"] != before and health["recovered"]
 
     wait_for(restarted, timeout=60)

@@ -15,8 +15,8 @@ from ray.util.placement_group import placement_group, placement_group_table
 
 import clients
 from controller import PlacementError
-from controller.raylib import group_handle
-from controller.reservations import ReservationConflict, ReservationError, ReservationTimeout
+from controller.errors import ReservationConflict, ReservationError, ReservationTimeout
+from controller.runtime.ray_io import group_handle
 from tests.integration.conftest import live_groups, one_node, restart_controller, wait_for
 
 COLOCATED = {
@@ -62,10 +62,12 @@ def test_topology_agrees_with_group_table_and_workers(ctl):
     engine = res.assignments("engine")
     assert [len(a.placement.cuda_visible_devices) for a in engine] == [2, 2, 2, 2]
     assert all(a.capture_child_tasks for a in engine)
-    assert [a.num_gpus for a in engine] == [0.3333] * 4
+    # each engine's first GPU holds actor, rollout, the engine and its first child
+    assert [a.num_gpus for a in engine] == [0.25] * 4
+    assert [a.child_share for a in engine] == [0.25] * 4
     first = res.assignments("actor")[0]
     assert first.env["RANK"] == "0" and first.env["WORLD_SIZE"] == "8"
-    assert first.env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
+    assert first.ray_sets_devices
 
 
 def test_two_jobs_never_share_an_accelerator(ctl):
@@ -193,7 +195,7 @@ def test_unsatisfiable_reservation_times_out_with_diagnosis_and_leaves_nothing(c
     message = str(info.value)
     assert "1 of 1 node slots unplaced" in message and "needs CPU 2, GPU 2" in message
     assert "free CPU 0, GPU 0" in message
-    assert progress and "waiting for 1 of 1 node slots" in progress[0]
+    assert progress and "placed 0 of 1 node slots; waiting for node" in progress[0]
     assert not live_groups(prefix)
     assert [i.job for i in ctl.list()] == ["hog"]
 

@@ -1,4 +1,6 @@
-"""Worker groups and the worker environment on a real local cluster."""
+"""Worker groups and the worker environment on a real local cluster, checked against what
+Ray and torch do with it: the devices Ray gives each bundle, a torch process group formed
+from the environment alone, children started the way inference engines start them."""
 
 from __future__ import annotations
 
@@ -7,12 +9,15 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import clients
 from controller import PlacementError
+from controller.runtime.ray_io import group_handle
 from tests.integration.conftest import GPU_NODES, one_node
 
 COLOCATED = {
@@ -23,21 +28,24 @@ COLOCATED = {
         "probe": {"placement": "0-3:0-1", "isolate": False, "accelerator_share": 0.1},
     },
 }
-CONTRACT = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "NODE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "CUDA_VISIBLE_DEVICES",
-    "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES",
-    "PLACECTL_JOB",
-    "PLACECTL_COMPONENT",
-    "PLACECTL_EPOCH",
-    "PLACECTL_NODE_GROUP",
-)
+
+
+@ray.remote(num_cpus=0, max_calls=0)
+def ray_ids():
+    """What Ray gives a task in a bundle: its accelerator ids (no placectl env here)."""
+    return sorted(int(i) for i in ray.get_runtime_context().get_accelerator_ids()["GPU"])
+
+
+def bundle_ids(group_id: str, bundle_index: int) -> list[int]:
+    """Ask Ray, from the driver, which device a bundle holds."""
+    return ray.get(
+        ray_ids.options(
+            num_gpus=0.0001,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group_handle(group_id), placement_group_bundle_index=bundle_index
+            ),
+        ).remote()
+    )
 
 
 @ray.remote(num_cpus=0)
@@ -45,14 +53,27 @@ def _child_group():
     return ray.get_runtime_context().get_placement_group_id()
 
 
+@ray.remote(num_cpus=0)
+class Child:
+    def seen(self):
+        ctx = ray.get_runtime_context()
+        return {
+            "gpus": sorted(int(g) for g in ray.get_gpu_ids()),
+            "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "group": ctx.get_placement_group_id(),
+            "node": ctx.get_node_id(),
+        }
+
+
 class Worker:
-    def __init__(self, greeting="hi"):
-        self.greeting = greeting
+    def __init__(self, greeting="hi", suffix=""):
+        self.greeting = greeting + suffix
+        self.cleaned = False
 
     def environ(self):
         return dict(os.environ)
 
-    def gpus(self):
+    def ray_gpus(self):
         return sorted(int(g) for g in ray.get_gpu_ids())
 
     def hello(self):
@@ -77,6 +98,49 @@ class Worker:
         dist.destroy_process_group()
         return value.item()
 
+    def spawn_children(self):
+        """What an engine does: one child per accelerator, through child_options."""
+        me = clients.current()
+        kids = [
+            Child.options(**me.child_options(i)).remote() for i in range(len(me.bundle_indices))
+        ]
+        ready, _ = ray.wait([k.seen.remote() for k in kids], num_returns=len(kids), timeout=60)
+        return [ray.get(r) for r in ready], len(kids)
+
+    def vllm_like_executor(self):
+        """What vLLM's Ray executor does with VLLM_RAY_BUNDLE_INDICES: workers in those
+        bundles of the current group, each asking VLLM_RAY_PER_WORKER_GPUS, then one
+        CUDA_VISIBLE_DEVICES per node made of their ids and a local rank per worker."""
+        indices = [int(b) for b in os.environ["VLLM_RAY_BUNDLE_INDICES"].split(",")]
+        share = float(os.environ["VLLM_RAY_PER_WORKER_GPUS"])
+        pg = ray.util.get_current_placement_group()
+        workers = [
+            Child.options(
+                num_gpus=share,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=pg,
+                    placement_group_capture_child_tasks=True,
+                    placement_group_bundle_index=b,
+                ),
+            ).remote()
+            for b in indices
+        ]
+        seen = ray.get([w.seen.remote() for w in workers], timeout=60)
+        by_node: dict[str, list[int]] = {}
+        for s in seen:
+            by_node.setdefault(s["node"], []).extend(s["gpus"])
+        out = []
+        for rank, s in enumerate(seen):
+            node_workers = [r for r, x in enumerate(seen) if x["node"] == s["node"]]
+            local_rank = node_workers.index(rank)
+            cvd = sorted(by_node[s["node"]])
+            out.append({**s, "device": cvd[local_rank], "bundle": indices[rank]})
+        return out
+
+    def cleanup(self):
+        with open(os.environ["CLEANUP_FILE"], "a") as f:
+            f.write(os.environ["RANK"] + "\n")
+
 
 @pytest.fixture(scope="module")
 def res(ctl):
@@ -90,19 +154,49 @@ def _clean():  # keep the module's reservation between tests
     yield
 
 
-def test_every_worker_environment_is_what_its_assignment_promised(res):
-    for component in ("actor", "engine", "probe"):
-        group = clients.WorkerGroup.launch(res, component, Worker, env={"MY_FLAG": "1"})
-        try:
-            seen = group.execute("environ")
-            for a, env in zip(res.assignments(component), seen, strict=True):
-                for key in CONTRACT:
-                    assert env[key] == a.env[key], (component, key)
-                assert env["MY_FLAG"] == "1"
-                assert env["PLACECTL_COMPONENT"] == component
-            assert group.execute("me") == res.assignments(component)
-        finally:
-            group.shutdown()
+def own_devices(a) -> list[int]:
+    """Ray's ids of the devices a process holds, by probing its bundles from the driver."""
+    indices = a.bundle_indices
+    return [bundle_ids(a.placement_group_id, b)[0] for b in indices]
+
+
+@pytest.mark.parametrize("component", ["actor", "rollout", "engine", "probe"])
+def test_visible_devices_are_what_ray_gave_the_bundles(res, component):
+    group = clients.WorkerGroup.launch(res, component, Worker)
+    try:
+        envs = group.execute("environ")
+        assignments = res.assignments(component)
+        for a, env in zip(assignments, envs, strict=True):
+            visible = [int(d) for d in env["CUDA_VISIBLE_DEVICES"].split(",")]
+            if component == "probe":  # isolate: false: all the component's GPUs on its node
+                mine = [x for x in assignments if x.placement.node_id == a.placement.node_id]
+                assert visible == sorted(d for x in mine for d in own_devices(x))
+            else:
+                assert visible == own_devices(a)
+            # torch's set_device(LOCAL_RANK) selects the process's own first device
+            local = int(env["LOCAL_RANK"])
+            assert local < len(visible)
+            assert visible[local] == own_devices(a)[0]
+            assert env["RANK"] == str(a.placement.rank)
+            assert env["NODE_LOCAL_RANK"] == str(a.placement.local_rank)
+    finally:
+        group.shutdown()
+
+
+def test_isolated_workers_see_their_own_device_through_ray(res):
+    group = clients.WorkerGroup.launch(res, "actor", Worker)
+    try:
+        for a, gpus, env in zip(
+            res.assignments("actor"),
+            group.execute("ray_gpus"),
+            group.execute("environ"),
+            strict=True,
+        ):
+            assert gpus == own_devices(a)  # Ray's own answer inside the worker agrees
+            assert env["LOCAL_RANK"] == "0" and env["LOCAL_WORLD_SIZE"] == "1"
+            assert env.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "") == ""
+    finally:
+        group.shutdown()
 
 
 def test_gloo_all_reduce_across_two_nodes(res):
@@ -114,6 +208,49 @@ def test_gloo_all_reduce_across_two_nodes(res):
         assert group.execute("all_reduce") == [n * (n + 1) / 2] * n
     finally:
         group.shutdown()
+
+
+def test_engine_children_land_on_their_own_engines_accelerators(res):
+    # the colocated processes hold their shares while the children start
+    others = [clients.WorkerGroup.launch(res, c, Worker) for c in ("actor", "rollout", "probe")]
+    engine = clients.WorkerGroup.launch(res, "engine", Worker)
+    try:
+        results = engine.execute("spawn_children")
+        for a, (seen, wanted) in zip(res.assignments("engine"), results, strict=True):
+            assert len(seen) == wanted == 2  # none waited for room
+            expected = own_devices(a)
+            assert [s["gpus"] for s in seen] == [[d] for d in expected]
+            assert [s["cvd"] for s in seen] == [str(d) for d in expected]
+            assert {s["group"] for s in seen} == {a.placement_group_id}
+            assert {s["node"] for s in seen} == {a.placement.node_id}
+    finally:
+        for g in [*others, engine]:
+            g.shutdown()
+
+
+def test_vllm_engine_workers_follow_vllms_variables(ctl):
+    conf = {
+        "num_nodes": 1 + GPU_NODES,
+        "component_placement": {
+            "actor,rollout": "6-7",
+            "llm": {"placement": "6-7:0", "engine": "vllm"},
+        },
+    }
+    res = ctl.reserve("vllm", conf, timeout_s=60)
+    others = [clients.WorkerGroup.launch(res, c, Worker) for c in ("actor", "rollout")]
+    llm = clients.WorkerGroup.launch(res, "llm", Worker)
+    try:
+        (a,) = res.assignments("llm")
+        (workers,) = llm.execute("vllm_like_executor")
+        expected = own_devices(a)
+        assert [w["gpus"] for w in workers] == [[d] for d in expected]
+        # the device vLLM computes for each worker is the worker's own
+        assert [w["device"] for w in workers] == expected
+        assert {w["group"] for w in workers} == {a.placement_group_id}
+    finally:
+        for g in [*others, llm]:
+            g.shutdown()
+        ctl.release("vllm")
 
 
 def test_master_ports_differ_across_components_and_jobs_and_lie_in_range(ctl, res):
@@ -181,21 +318,33 @@ def test_child_task_capture_per_component(res):
         actor.shutdown()
 
 
-def test_multi_accelerator_process_sees_its_whole_list(res):
-    group = clients.WorkerGroup.launch(res, "engine", Worker)
-    try:
-        for a, env in zip(res.assignments("engine"), group.execute("environ"), strict=True):
-            devices = [int(d) for d in env["CUDA_VISIBLE_DEVICES"].split(",")]
-            assert devices == a.placement.cuda_visible_devices and len(devices) == 2
-        # isolate: false shows every GPU the component holds on the node
-        probe = res.assignments("probe")
-        assert [a.placement.cuda_visible_devices for a in probe] == [
-            probe[0].placement.cuda_visible_devices
-        ] * 2
-        assert len(probe[0].placement.cuda_visible_devices) == 4
-        assert [a.env["LOCAL_RANK"] for a in probe] == ["0", "2"]  # index of its first GPU
-    finally:
-        group.shutdown()
+def test_launch_waits_takes_per_rank_arguments_and_shutdown_cleans_up(res, tmp_path):
+    marks = tmp_path / "cleanup"
+    said: list[str] = []
+    group = clients.WorkerGroup.launch(
+        res,
+        "engine",
+        Worker,
+        "hello",
+        env={"CLEANUP_FILE": str(marks)},
+        rank_kwargs=lambda r: {"suffix": f"#{r}"},
+        progress=said.append,
+    )
+    assert group.execute("hello") == [f"hello#{r} from {r}" for r in range(3)]
+    group.shutdown(cleanup="cleanup", timeout=30)
+    assert sorted(marks.read_text().split()) == ["0", "1", "2"]
+    with pytest.raises(PlacementError, match="rank_kwargs has 2 entries"):
+        clients.WorkerGroup.launch(res, "engine", Worker, rank_kwargs=[{}, {}])
+
+
+def test_a_constructor_that_fails_is_named_by_rank(res):
+    class Broken:
+        def __init__(self):
+            if os.environ["RANK"] == "1":
+                raise RuntimeError("no model here")
+
+    with pytest.raises(PlacementError, match="rank 1 failed to start"):
+        clients.WorkerGroup.launch(res, "engine", Broken, timeout=60)
 
 
 def test_protected_keys_cannot_be_overridden(res):
@@ -217,9 +366,8 @@ def test_shutdown_frees_the_shares_so_the_next_launch_schedules_at_once(ctl, res
         assert {a.num_gpus for a in full.assignments("actor")} == {0.5}
         first = clients.WorkerGroup.launch(full, "actor", Worker)
         rollout = clients.WorkerGroup.launch(full, "rollout", Worker)
-        ray.get(first.execute_async("hello") + rollout.execute_async("hello"))
         # every bundle is full: another actor group cannot start...
-        second = clients.WorkerGroup.launch(full, "actor", Worker)
+        second = clients.WorkerGroup.launch(full, "actor", Worker, wait=False)
         ready, _ = ray.wait(second.execute_async("hello"), num_returns=2, timeout=3)
         assert not ready
         # ...until the first one is shut down
@@ -256,7 +404,26 @@ def test_detached_workers_are_reattached_from_a_new_driver(cluster, res):
         clients.WorkerGroup.attach(res, "engine")
 
 
+def test_current_inside_a_worker_is_its_assignment(res):
+    group = clients.WorkerGroup.launch(res, "engine", Worker)
+    try:
+        assert group.execute("me") == res.assignments("engine")
+    finally:
+        group.shutdown()
+
+
 def test_current_outside_a_worker_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("PLACECTL_JOB", raising=False)
     with pytest.raises(PlacementError, match="not a placectl worker"):
         clients.current()
+
+
+def test_launch_timeout_kills_what_it_started(ctl):
+    hog = ctl.reserve("hog", one_node("6-7"), timeout_s=30)
+    first = clients.WorkerGroup.launch(hog, "actor", Worker)  # whole GPUs: nothing left
+    started = time.monotonic()
+    with pytest.raises(clients.ReservationTimeout, match=r"ranks \[0, 1\] did not start"):
+        clients.WorkerGroup.launch(hog, "actor", Worker, timeout=2)
+    assert time.monotonic() - started < 30
+    first.shutdown()
+    ctl.release("hog")

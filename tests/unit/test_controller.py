@@ -239,6 +239,24 @@ def test_release_cancels_a_pending_reserve_and_nothing_is_left():
     run(go())
 
 
+def test_a_release_while_a_group_is_being_made_leaves_nothing():
+    async def go():
+        fake = cluster()
+        fake.create_delay = 0.05
+        ctl = await controller(fake)
+        pending = asyncio.ensure_future(ctl.reserve("j", spec("0-7"), 5))
+        await until(lambda: stored(fake, "j") is not None)
+        await asyncio.sleep(0.01)  # inside the first creation
+        assert await ctl.release("j") is True
+        with pytest.raises(ReservationCancelled):
+            await pending
+        await asyncio.sleep(0.1)  # the creation has finished by now
+        assert live_groups(fake) == set() and stored(fake, "j") is None
+        await ctl.stop()
+
+    run(go())
+
+
 def test_timeout_names_the_node_and_leaves_nothing():
     async def go():
         fake = cluster()
