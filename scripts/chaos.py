@@ -1,9 +1,16 @@
 #!/usr/bin/env python3
-"""Seeded chaos on a local cluster: reserve, release, controller kills, node loss and
-node arrival, with placectl's invariants checked after every step.
+"""Seeded chaos on a local cluster: reserve, release, leases, controller kills, node loss
+and node arrival, restarts over an old table, with placectl's invariants checked after
+every step. The observers read only the table in the GCS, as drivers do: no check ever
+calls the controller, so none can wake it up.
 
-Invariants, checked once the controller has settled after each step:
+Faults: killing the controller (and, half the time, removing a node before any call
+reaches the new one), removing and adding nodes, rewriting the table as placectl 0.1 left
+it (format 1) and killing the controller, concurrent leases under one name.
+
+Invariants, checked once the table has settled after each step:
   * no double-booking: no (node, physical accelerator) is held by two reservations;
+  * no port leased twice on a node, and concurrent calls with one name get one lease;
   * no leak: the placement groups named by this controller are exactly those the
     reservation table references;
   * table = groups: every ready reservation's groups are CREATED, on alive nodes;
@@ -17,16 +24,26 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import random
+import sys
+import threading
 import time
 from collections import Counter
 
 import ray
 from ray.cluster_utils import Cluster
+from ray.experimental import internal_kv
 from ray.util.placement_group import placement_group_table
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import clients
 from controller import PlacementError
+from controller.runtime.ray_io import node_infos
+from controller.runtime.reserving import live_view
+from controller.state.table import KV_NAMESPACE, LEGACY_KEY, kv_prefix
+from tests.unit.fakes import v1_table
 
 GPUS = 4
 JOBS = ["a", "b", "c", "d"]
@@ -67,7 +84,7 @@ class Chaos:
     def step(self, i: int) -> str:
         r = self.rng.random()
         job = self.rng.choice(JOBS)
-        if r < 0.40:
+        if r < 0.35:
             spec = self.rng.choice(SPECS)
             replace = self.rng.random() < 0.3
             self.ops["reserve"] += 1
@@ -76,16 +93,30 @@ class Chaos:
                 return f"reserve {job} {spec['component_placement']} replace={replace}: ok"
             except PlacementError as e:
                 return f"reserve {job}: {type(e).__name__}"
-        if r < 0.65:
+        if r < 0.55:
             self.ops["release"] += 1
-            return f"release {job}: {self.ctl.release(job)}"
-        if r < 0.77:
+            try:
+                return f"release {job}: {self.ctl.release(job)}"
+            except PlacementError as e:
+                return f"release {job}: {type(e).__name__}"
+        if r < 0.62:
+            return self.named_leases(job)
+        if r < 0.72:
             self.faults["controller kill"] += 1
-            before = self.ctl.check_alive()
             ray.kill(self.ctl.handle, no_restart=False)
-            self.wait(lambda: self._alive_again(before), 60)
-            return "FAULT kill controller: restarted"
-        if r < 0.89:
+            nodes = self.gpu_nodes()
+            if self.rng.random() < 0.5 and len(nodes) > 2:
+                self.faults["node removed while the controller restarts"] += 1
+                victim = self.rng.choice(nodes)
+                self.cluster.remove_node(victim)
+                return f"FAULT kill controller, then remove node {victim.node_id[:8]}"
+            return "FAULT kill controller"
+        if r < 0.76:
+            self.faults["restart over a format-1 table"] += 1
+            self.downgrade()
+            ray.kill(self.ctl.handle, no_restart=False)
+            return "FAULT table rewritten as format 1, controller killed"
+        if r < 0.88:
             nodes = self.gpu_nodes()
             if len(nodes) <= 2:
                 return "remove node: skipped (2 left)"
@@ -100,11 +131,42 @@ class Chaos:
         self.cluster.wait_for_nodes()
         return f"add node {node.node_id[:8]}"
 
-    def _alive_again(self, before: str) -> bool:
-        try:
-            return self.ctl.check_alive() != before
-        except ray.exceptions.RayActorError:
-            return False
+    def named_leases(self, job: str) -> str:
+        """Four concurrent calls under one name must get one lease."""
+        ready = sorted(j for j, r in (self.table() or {}).items() if r.state == "ready")
+        if not ready:
+            return "leases: skipped (nothing ready)"
+        job = self.rng.choice(ready)
+        self.ops["concurrent named leases"] += 1
+        name = f"n{self.rng.randrange(3)}"
+        got: list = []
+
+        def lease():
+            try:
+                got.append(tuple(self.ctl.reservation(job).lease_ports("actor", 0, 2, name=name)))
+            except PlacementError as e:
+                got.append(type(e).__name__)
+
+        threads = [threading.Thread(target=lease) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        ports = {g for g in got if isinstance(g, tuple)}
+        if len(ports) > 1:
+            self.violations.append(f"lease {job}/{name}: one name, {len(ports)} leases {ports}")
+        return f"leases {job} name={name}: {sorted(set(map(str, got)))}"
+
+    def downgrade(self) -> None:
+        """Rewrite the GCS as placectl 0.1 left it: one key, format 1."""
+        records = self.ctl.table()
+        data = v1_table(records, live_view(node_infos(), "GPU"))
+        prefix = kv_prefix("placectl")
+        for k in internal_kv._internal_kv_list(prefix, namespace=KV_NAMESPACE):
+            internal_kv._internal_kv_del(k, namespace=KV_NAMESPACE)
+        internal_kv._internal_kv_put(prefix + LEGACY_KEY, data, namespace=KV_NAMESPACE)
+        # a migrated record gets a uid of its own: compare assignments from here on
+        self.seen.clear()
 
     @staticmethod
     def wait(predicate, timeout: float) -> bool:
@@ -116,10 +178,18 @@ class Chaos:
         return False
 
     # ------------------------------------------------------------ invariants
+    def table(self):
+        try:
+            return self.ctl.table()
+        except PlacementError:  # format 1 until the restarted controller migrates it
+            return None
+
     def settled(self) -> bool:
         """No call in flight, the groups match the table, and the controller has seen
         every node death (a ready reservation has all its groups placed)."""
-        table = self.ctl.table()
+        table = self.table()
+        if table is None:
+            return False
         if any(r.state in ("pending", "releasing") for r in table.values()):
             return False
         if self._live_groups() != {s.group_id for r in table.values() for s in r.slots}:
@@ -149,8 +219,11 @@ class Chaos:
 
     def check(self, i: int) -> None:
         # Let replacements that can happen, happen (a degraded one may wait for a node).
-        self.wait(self.settled, 20)
-        table = self.ctl.table()
+        self.wait(self.settled, 60)
+        table = self.table()
+        if table is None:
+            self.violations.append(f"step {i}: the table was never migrated")
+            return
         bad = self._unplaced_but_ready(table)
         held = Counter(
             (s.node_id, b.physical_id)
@@ -160,6 +233,8 @@ class Chaos:
             if b.kind == "accelerator"
         )
         bad += [f"double-booked {k}" for k, n in held.items() if n > 1]
+        ports = Counter((x.node_id, p) for r in table.values() for x in r.leases for p in x.ports)
+        bad += [f"port leased twice {k}" for k, n in ports.items() if n > 1]
         live = self._live_groups()
         referenced = {s.group_id for r in table.values() for s in r.slots}
         if live != referenced:
@@ -197,7 +272,7 @@ def main() -> int:
         for i in range(1, args.steps + 1):
             what = chaos.step(i)
             chaos.check(i)
-            states = Counter(r.state for r in chaos.ctl.table().values())
+            states = Counter(r.state for r in (chaos.table() or {}).values())
             print(f"{i:4d} {what}  | {dict(states)}", flush=True)
     finally:
         summary = (

@@ -86,17 +86,35 @@ async def controller(fake: FakeCluster, settings: Settings = FAST) -> PlacementC
     return ctl
 
 
+def v1_view(record: ReservationRecord, live):
+    """The full cluster view placectl 0.1 kept with a record: its own nodes at their node
+    ranks, other nodes of ``live`` (a ClusterView) filling the other ranks."""
+    from controller.planning.cluster import ClusterView
+
+    mine = {n.node_id for n in record.nodes.values()}
+    others = [n for n in live.nodes if n.node_id not in mine]
+    size = max([*record.nodes, len(live.nodes) - 1]) + 1
+    nodes = []
+    for rank in range(size):
+        if rank in record.nodes:
+            nodes.append(record.nodes[rank])
+        elif others:
+            nodes.append(others.pop(0))
+    return ClusterView(nodes=nodes)
+
+
 def v1_table(records: dict[str, ReservationRecord], view) -> bytes:
     """The bytes placectl 0.1 would have stored for these reservations: one key, table
-    version 1, each record with the full cluster view it was planned on. Its schema is
-    checked against a table 0.1 really wrote (tests/unit/data/table_v1.msgpack)."""
+    version 1, each record with the full cluster view it was planned on (rebuilt from
+    ``view``, the live cluster). Its schema is checked against a table 0.1 really wrote
+    (tests/unit/data/table_v1.msgpack)."""
     table = {
         "version": 1,
         "reservations": {
             job: {
                 "job": job,
                 "spec": msgspec.to_builtins(r.spec),
-                "view": msgspec.to_builtins(view),
+                "view": msgspec.to_builtins(v1_view(r, view)),
                 "floating": r.floating,
                 "slots": [
                     {

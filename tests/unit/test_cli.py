@@ -137,13 +137,26 @@ def test_plan_large_cluster_elides_middle_nodes(capsys):
         (["bogus"], "No such command 'bogus'"),
     ],
 )
-def test_errors_are_one_line_exit_2(capsys, argv, message):
+def test_errors_are_one_line_exit_2(capsys, monkeypatch, argv, message):
+    import clients.discovery
+
+    monkeypatch.setattr(clients.discovery, "running_cluster_view", lambda accelerator: None)
     code, _out, err = run(capsys, *argv)
     assert code == 2
     assert err.startswith("placectl: error: ")
     assert message in err
     assert err.count("\n") == 1
     assert "Traceback" not in err
+
+
+def test_plan_without_gpus_per_node_takes_them_from_a_running_cluster(capsys, monkeypatch):
+    import clients.discovery
+    from controller import ClusterView, NodeView
+
+    seen = ClusterView(nodes=[NodeView(num_gpus=0, is_head=True), NodeView(num_gpus=4)])
+    monkeypatch.setattr(clients.discovery, "running_cluster_view", lambda accelerator: seen)
+    code, out, _ = run(capsys, "plan", "cluster: {num_nodes: 2, component_placement: {a: 0-3}}")
+    assert code == 0 and "2 node(s), 4 GPU" in out
 
 
 def test_console_script_end_to_end(tmp_path):
@@ -177,3 +190,16 @@ def test_bad_cluster_file(capsys, tmp_path, nodes, message):
     code, _, err = run(capsys, "plan", str(EXAMPLES / "colocated.yaml"), "--cluster", str(f))
     assert code == 2
     assert message in err and err.count("\n") == 1
+
+
+def test_gpu_check_says_when_there_is_no_gpu_to_check():
+    import shutil
+
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has nvidia-smi: run scripts/gpu_check itself")
+    root = pathlib.Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [str(root / "scripts" / "gpu_check")], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0
+    assert "no NVIDIA GPU to check on this machine" in proc.stdout
