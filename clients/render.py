@@ -13,12 +13,11 @@ def _cells(cp: ComponentPlacement) -> dict[tuple[int, str], dict[str, list[int]]
     """(node rank, column) -> component -> ranks, in configuration order."""
     cells: dict[tuple[int, str], dict[str, list[int]]] = {}
     for name in cp.components:
-        pool = cp.pool(name)
         for p in cp.placements(name):
-            if pool.kind == ACCELERATOR:
+            if p.kind == ACCELERATOR:
                 cols = [f"{cp.spec.accelerator}{g}" for g in p.local_resource_ranks]
-            elif pool.kind == HARDWARE:
-                cols = [f"{pool.hardware}{u}" for u in p.local_resource_ranks]
+            elif p.kind == HARDWARE:
+                cols = [f"{p.hardware}{u}" for u in p.local_resource_ranks]
             else:
                 cols = ["node"]
             for col in cols:
@@ -110,8 +109,10 @@ def render_summary(cp: ComponentPlacement) -> list[str]:
             for r in p.resource_ranks:
                 per_res[r] = per_res.get(r, 0) + 1
         res_name = {ACCELERATOR: cp.spec.accelerator, HARDWARE: pool.hardware}.get(
-            pool.kind, "node"
+            pool.kind, "node" if pool.kind != "mixed" else "res"
         )
+        accel = [p for p in ps if p.kind == ACCELERATOR]
+        seeing = [p for p in ps if p.kind != ACCELERATOR and p.cuda_visible_devices]
         rows.append(
             [
                 name,
@@ -120,9 +121,11 @@ def render_summary(cp: ComponentPlacement) -> list[str]:
                 format_ranks(sorted({p.node_rank for p in ps})),
                 f"{_span(list(per_res.values()))}/{res_name}",
                 f"{_span([len(p.resource_ranks) for p in ps])} {res_name}",
-                _span([p.accelerator_share for p in ps]) if pool.kind == ACCELERATOR else "-",
-                _span([p.child_share for p in ps]) if spec.starts_children and ps else "-",
-                ("yes" if spec.isolate else "no") if pool.kind == ACCELERATOR else "-",
+                _span([p.accelerator_share for p in accel]) if accel else "-",
+                _span([p.child_share for p in accel]) if spec.starts_children and accel else "-",
+                ("no" if spec.isolate is False else "yes")
+                if accel
+                else ("sees node" if seeing else "-"),
             ]
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
@@ -135,9 +138,20 @@ def render_summary(cp: ComponentPlacement) -> list[str]:
             "accelerator it holds (Assignment.child_options(i)); the child column is the "
             "share each child requests"
         )
-    hardware = sorted({cp.pool(n).hardware for n in cp.components if cp.pool(n).kind == HARDWARE})
+    hardware = sorted({p.hardware for n in cp.components for p in cp.placements(n) if p.hardware})
     if hardware:
         lines.append("hardware units are requested from Ray as: " + ", ".join(hardware))
+    seeing = [
+        n
+        for n in cp.components
+        if any(p.kind != ACCELERATOR and p.cuda_visible_devices for p in cp.placements(n))
+    ]
+    if seeing:
+        lines.append(
+            f"processes of {', '.join(seeing)} see every accelerator of their node, as RLinf "
+            "shows them; the job holds those accelerators so no other job can take them "
+            "(isolate: true: see none, hold none)"
+        )
     return lines
 
 

@@ -82,31 +82,47 @@ class ComponentPlacement:
                 self._pools[comp.name] = pool
                 self._procs[comp.name] = procs
 
-        accel = [c for c in self.spec.components if self._pools[c.name].kind == ACCELERATOR]
-        requests = [
-            ShareRequest(
-                c.name,
-                self._pools[c.name].unit_node,
-                self._pools[c.name].unit_local,
-                self._procs[c.name],
-                c.accelerator_share,
-                c.starts_children,
-                c.child_share,
+        # Only processes on accelerators share them; in a mixed pool, only those ranks.
+        accel_ranks: dict[str, list[int]] = {}
+        requests = []
+        for c in self.spec.components:
+            pool, procs = self._pools[c.name], self._procs[c.name]
+            kinds = pool.unit_kind or [pool.kind] * pool.size
+            ranks = [r for r, units in enumerate(procs) if kinds[units[0]] == ACCELERATOR]
+            if not ranks:
+                continue
+            accel_ranks[c.name] = ranks
+            requests.append(
+                ShareRequest(
+                    c.name,
+                    pool.unit_node,
+                    pool.unit_local,
+                    [procs[r] for r in ranks],
+                    c.accelerator_share,
+                    c.starts_children,
+                    c.child_share,
+                )
             )
-            for c in accel
-        ]
         shares, self._uses = account(requests)
-        share_of = {c.name: s for c, s in zip(accel, shares, strict=True)}
+        share_of: dict[str, tuple[list[float], list[float]]] = {}
+        for req, got in zip(requests, shares, strict=True):
+            world = len(self._procs[req.component])
+            own, kids = [0.0] * world, [0.0] * world
+            for i, r in enumerate(accel_ranks[req.component]):
+                own[r], kids[r] = got.process[i], got.child[i]
+            share_of[req.component] = (own, kids)
         self._placements: dict[str, list[Placement]] = {}
         for comp in self.spec.components:
+            own, kids = share_of.get(comp.name, (None, None))
             self._placements[comp.name] = build_placements(
                 self._pools[comp.name],
                 view,
                 self._procs[comp.name],
                 component=comp.name,
-                isolate=comp.isolate,
-                shares=share_of[comp.name].process if comp.name in share_of else None,
-                child_shares=share_of[comp.name].child if comp.name in share_of else None,
+                isolate=comp.isolate is not False,
+                shares=own,
+                child_shares=kids,
+                node_accelerators=comp.isolate is not True,
             )
 
     def _plan_key(self, comp: ComponentSpec, floating: dict[str, list[int]] | None):

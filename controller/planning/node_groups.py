@@ -1,8 +1,11 @@
 """Node groups resolved against a cluster: the ranked resources a component may use.
 
-What a resource is, for the selected group(s): the group's hardware units if it declares
-hardware; else its accelerators if its nodes have any; else its nodes. Ranks count across
-the group's nodes in node-rank order and across several groups in the listed order.
+What a resource is, for each selected group: its hardware units if it declares hardware;
+else its nodes if it ignores hardware; else its accelerators if its nodes have any; else
+its nodes. Ranks count across a group's nodes in node-rank order and across several
+groups in the listed order. As in RLinf, one component's groups may hold different kinds
+(accelerators of one group, robot arms of another) and may share a node, as long as no
+unit is counted twice; if any of them holds nodes, all of them count as nodes.
 """
 
 from __future__ import annotations
@@ -18,11 +21,16 @@ from controller.planning.spec import NodeGroup
 ACCELERATOR, HARDWARE, NODE = "accelerator", "hardware", "node"
 
 
+MIXED = "mixed"
+
+
 class ResourcePool(msgspec.Struct, frozen=True):
     """Ranked resources of one or several node groups.
 
     Unit ``i`` (its resource rank) lives on cluster node ``unit_node[i]`` at node-local
-    index ``unit_local[i]`` (-1 for a node resource) and belongs to ``unit_group[i]``.
+    index ``unit_local[i]`` (-1 for a node resource), belongs to ``unit_group[i]`` and is
+    of kind ``unit_kind[i]`` (for hardware, the Ray resource ``unit_hardware[i]``).
+    ``kind`` and ``hardware`` describe the whole pool: one kind, or ``mixed``.
     """
 
     kind: str
@@ -31,6 +39,8 @@ class ResourcePool(msgspec.Struct, frozen=True):
     unit_local: list[int]
     unit_group: list[str]
     hardware: str | None = None
+    unit_kind: list[str] = []
+    unit_hardware: list[str | None] = []
 
     @property
     def size(self) -> int:
@@ -39,7 +49,13 @@ class ResourcePool(msgspec.Struct, frozen=True):
     def noun(self) -> str:
         if self.kind == HARDWARE:
             return f"{self.hardware} units"
+        if self.kind == MIXED:
+            return "resources"
         return "accelerators" if self.kind == ACCELERATOR else "nodes"
+
+    def kind_of(self, unit: int) -> tuple[str, str | None]:
+        """The kind (and hardware resource) of one unit."""
+        return self.unit_kind[unit], self.unit_hardware[unit]
 
     def describe(self) -> str:
         """E.g. ``node group 'a800' has 16 accelerators (0-15)``."""
@@ -126,24 +142,13 @@ def resolve_pool(
         floating: node ranks already chosen for floating groups, by label.
 
     Raises:
-        PlacementError: groups that hold different kinds of resource, that share a
-            node, or that name nodes the cluster does not have.
+        PlacementError: groups that count the same unit twice (two groups of the same
+            kind sharing a node), or that name nodes the cluster does not have.
     """
     num_nodes = view.num_nodes if num_nodes is None else num_nodes
-    unit_node: list[int] = []
-    unit_local: list[int] = []
-    unit_group: list[str] = []
-    kinds: list[tuple[str, str | None]] = []
-    owner: dict[int, str] = {}
+    resolved = []
     for group in groups:
         ranks = group_node_ranks(group, view, num_nodes, floating)
-        for r in ranks:
-            if r in owner:
-                raise PlacementError(
-                    f"node groups {owner[r]!r} and {group.label!r} both contain node {r}; "
-                    "a component's groups must not overlap"
-                )
-            owner[r] = group.label
         if group.nodes_only:
             kind = NODE
         elif group.hardware is not None:
@@ -152,8 +157,29 @@ def resolve_pool(
             kind = NODE
         else:
             kind = ACCELERATOR
-        kinds.append((kind, resolve_hardware(group, view, ranks) if kind == HARDWARE else None))
+        hardware = resolve_hardware(group, view, ranks) if kind == HARDWARE else None
+        resolved.append((group, ranks, kind, hardware))
+    if any(kind == NODE for _, _, kind, _ in resolved):  # RLinf: then all count as nodes
+        resolved = [(g, ranks, NODE, None) for g, ranks, _, _ in resolved]
+    unit_node: list[int] = []
+    unit_local: list[int] = []
+    unit_group: list[str] = []
+    unit_kind: list[str] = []
+    unit_hardware: list[str | None] = []
+    owner: dict[tuple[int, str, str | None], str] = {}
+    for group, ranks, kind, hardware in resolved:
         for r in ranks:
+            key = (r, kind, hardware.lower() if hardware else None)
+            if key in owner:
+                what = {NODE: "the node itself", ACCELERATOR: "its accelerators"}.get(
+                    kind, f"its {hardware} units"
+                )
+                raise PlacementError(
+                    f"node groups {owner[key]!r} and {group.label!r} both contain node {r} "
+                    f"and would count {what} twice; groups of one component may share a "
+                    "node only if they hold different kinds of resource"
+                )
+            owner[key] = group.label
             if kind == NODE:
                 count = 1
             elif kind == ACCELERATOR:
@@ -165,18 +191,12 @@ def resolve_pool(
             unit_node.extend([r] * count)
             unit_local.extend(range(count) if kind != NODE else [-1])
             unit_group.extend([group.label] * count)
-    if len(set(kinds)) > 1:
-        described = ", ".join(
-            f"{g.label!r} ({k if k != HARDWARE else hw})"
-            for g, (k, hw) in zip(groups, kinds, strict=True)
-        )
-        raise PlacementError(
-            f"node groups {described} hold different kinds of resource; the groups of "
-            "one component must all hold accelerators, all the same hardware, or all nodes"
-        )
-    kind, hardware = kinds[0] if kinds else (NODE, None)
-    if kind != HARDWARE:
-        hardware = None
+            unit_kind.extend([kind] * count)
+            unit_hardware.extend([hardware] * count)
+    kinds = {(k, hw) for _, _, k, hw in resolved}
+    kind, hardware = (
+        next(iter(kinds)) if len(kinds) == 1 else ((MIXED, None) if kinds else (NODE, None))
+    )
     return ResourcePool(
         kind=kind,
         labels=[g.label for g in groups],
@@ -184,6 +204,8 @@ def resolve_pool(
         unit_local=unit_local,
         unit_group=unit_group,
         hardware=hardware,
+        unit_kind=unit_kind,
+        unit_hardware=unit_hardware,
     )
 
 

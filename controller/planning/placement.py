@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from controller.errors import PlacementError
 from controller.planning.cluster import ClusterView
 from controller.planning.node_groups import ACCELERATOR, HARDWARE, ResourcePool
 
@@ -24,8 +25,10 @@ class Placement(msgspec.Struct, kw_only=True, frozen=True, gc=False):
             in the order their lowest process rank appears; exported as NODE_RANK.
         resource_ranks: group-level resource ranks the process holds.
         local_resource_ranks: their node-local indices (empty for node resources).
-        local_gpu_id: the first accelerator's node-local index, -1 if none.
-        cuda_visible_devices: what the visible-devices variable will hold.
+        local_gpu_id: the first accelerator's node-local index, -1 if it holds none.
+        cuda_visible_devices: what the visible-devices variable will hold. A process on
+            a hardware unit or a node sees every accelerator of its node, as RLinf shows
+            it (none with ``isolate: true``); it holds none of them.
         isolate_gpu: whether the process sees only its own accelerators.
         local_rank, local_world_size: the process's index among the component's
             processes on its node, and their count, in every mode (the ``LOCAL_RANK``
@@ -34,6 +37,8 @@ class Placement(msgspec.Struct, kw_only=True, frozen=True, gc=False):
             (0.0 when it holds none).
         child_share: for an engine, the fraction of each of its accelerators one of its
             children may request (0.0 for processes that start no children).
+        kind: what it holds: ``accelerator``, ``hardware`` or ``node``.
+        hardware: for a hardware process, the Ray resource of its units.
     """
 
     rank: int
@@ -53,6 +58,8 @@ class Placement(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     local_world_size: int
     accelerator_share: float = 0.0
     child_share: float = 0.0
+    kind: str = ACCELERATOR
+    hardware: str = ""
 
 
 def build_placements(
@@ -64,14 +71,29 @@ def build_placements(
     isolate: bool = True,
     shares: Sequence[float] | None = None,
     child_shares: Sequence[float] | None = None,
+    node_accelerators: bool = True,
 ) -> list[Placement]:
     """Placements for processes whose resources are ``procs[rank]`` (unit ids of ``pool``).
 
     Every process's units must lie on one node; callers check that and say which
-    input broke it.
+    input broke it. ``shares`` and ``child_shares`` are indexed by rank (accelerator
+    processes only). ``node_accelerators``: a process on a hardware unit or a node sees
+    every accelerator of its node (RLinf's behaviour), else none.
+
+    Raises:
+        PlacementError: a process would hold resources of two kinds.
     """
     unit_node, unit_local, unit_group = pool.unit_node, pool.unit_local, pool.unit_group
-    accel = pool.kind == ACCELERATOR
+    kind_of = pool.unit_kind or [pool.kind] * pool.size
+    hw_of = pool.unit_hardware or [pool.hardware] * pool.size
+    for rank, units in enumerate(procs):
+        kinds = {(kind_of[u], hw_of[u]) for u in units}
+        if len(kinds) > 1:
+            listed = " and ".join(sorted(hw or k for k, hw in kinds))
+            raise PlacementError(
+                f"process {rank} of {component or 'the component'} would hold {listed} "
+                f"(resources {list(units)}); a process holds one kind of resource"
+            )
     node_of = [unit_node[units[0]] for units in procs]
     order: dict[int, int] = {}
     counts: dict[int, int] = {}
@@ -82,10 +104,11 @@ def build_placements(
         counts[nr] += 1
 
     visible: dict[int, list[int]] = {}
-    if accel and not isolate:
+    if not isolate:
         held: dict[int, set[int]] = {}
         for units, nr in zip(procs, node_of, strict=True):
-            held.setdefault(nr, set()).update(unit_local[u] for u in units)
+            if kind_of[units[0]] == ACCELERATOR:
+                held.setdefault(nr, set()).update(unit_local[u] for u in units)
         visible = {nr: sorted(locals_) for nr, locals_ in held.items()}
 
     seen: dict[int, int] = dict.fromkeys(order, 0)
@@ -98,15 +121,17 @@ def build_placements(
         local_index = seen[nr]
         seen[nr] = local_index + 1
         node = nodes[nr]
-        if accel:
+        kind, hardware = kind_of[units[0]], hw_of[units[0]]
+        if kind == ACCELERATOR:
             local = [unit_local[u] for u in units]
             gpu = local[0]
             cvd = local if isolate else visible[nr]
             share = shares[rank] if shares is not None else 1.0
             child = child_shares[rank] if child_shares is not None else 0.0
         else:
-            local = [unit_local[u] for u in units] if pool.kind == HARDWARE else []
-            gpu, cvd, share, child = -1, [], 0.0, 0.0
+            local = [unit_local[u] for u in units] if kind == HARDWARE else []
+            cvd = list(range(node.num_gpus)) if node_accelerators else []
+            gpu, share, child = -1, 0.0, 0.0
         append(
             Placement(
                 rank=rank,
@@ -126,6 +151,8 @@ def build_placements(
                 local_world_size=counts[nr],
                 accelerator_share=share,
                 child_share=child,
+                kind=kind,
+                hardware=hardware or "",
             )
         )
     return out

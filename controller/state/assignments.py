@@ -145,20 +145,35 @@ class Published(msgspec.Struct, frozen=True, kw_only=True):
     components: dict[str, list[Assignment]]
 
 
-def _sharers(plan: JobPlan) -> dict[tuple[int, str, int], int]:
+def _bundle_key(p: Placement) -> tuple[int, str, str, int]:
+    local = p.local_resource_ranks[0] if p.kind == HARDWARE else -1
+    return (p.node_rank, p.kind, p.hardware, local)
+
+
+def _sharers(plan: JobPlan) -> dict[tuple[int, str, str, int], int]:
     """Processes per node/hardware bundle, for splitting that bundle's CPUs and units."""
-    counts: dict[tuple[int, str, int], int] = {}
+    counts: dict[tuple[int, str, str, int], int] = {}
     for comp in plan.components:
-        if comp.kind == ACCELERATOR:
-            continue
         for p in comp.placements:
-            key = (
-                p.node_rank,
-                comp.kind,
-                p.local_resource_ranks[0] if comp.kind == HARDWARE else -1,
-            )
-            counts[key] = counts.get(key, 0) + 1
+            if p.kind != ACCELERATOR:
+                key = _bundle_key(p)
+                counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def _seen_devices(p: Placement, slot: SlotRecord) -> dict[str, Any]:
+    """A hardware or node process: the physical ids of the accelerators it sees."""
+    by_local = {b.local_index: b for b in slot.bundles if b.kind == ACCELERATOR}
+    visible = [by_local[g] for g in p.cuda_visible_devices]
+    return {
+        "placement": msgspec.structs.replace(
+            p,
+            node_id=slot.node_id,
+            node_ip=slot.node_ip,
+            cuda_visible_devices=[b.physical_id for b in visible],
+        ),
+        "device_uuids": [b.uuid for b in visible] if any(b.uuid for b in visible) else [],
+    }
 
 
 def _accelerator_fields(p: Placement, slot: SlotRecord) -> dict[str, Any]:
@@ -207,22 +222,20 @@ def build_assignments(res: ReservationRecord, plan: JobPlan) -> dict[str, list[A
             slot = slot_of[p.node_rank]
             resources: dict[str, float] = {}
             gpus = 0.0
-            if comp.kind == ACCELERATOR:
+            if p.kind == ACCELERATOR:
                 fields = _accelerator_fields(p, slot)
                 if spec.accelerator == "GPU":
                     gpus = p.accelerator_share
                 else:
                     resources = {spec.accelerator: p.accelerator_share}
             else:
-                local = p.local_resource_ranks[0] if comp.kind == HARDWARE else -1
-                anchor = slot.bundle_index(comp.kind, local)
-                k = sharers[(p.node_rank, comp.kind, local)]
-                if comp.kind == HARDWARE:
-                    resources = {comp.hardware or "": floor_share(1.0 / k)}
+                key = _bundle_key(p)
+                anchor = slot.bundle_index(p.kind, key[3], p.hardware)
+                k = sharers[key]
+                if p.kind == HARDWARE:
+                    resources = {p.hardware: floor_share(1.0 / k)}
                 fields = {
-                    "placement": msgspec.structs.replace(
-                        p, node_id=slot.node_id, node_ip=slot.node_ip
-                    ),
+                    **_seen_devices(p, slot),
                     "bundle_index": anchor,
                     "num_cpus": floor_share(slot.bundles[anchor].resources["CPU"] / k),
                 }

@@ -24,7 +24,8 @@ class ComponentPlan(msgspec.Struct, frozen=True, kw_only=True):
     accelerator indices (the probe later maps them to physical ids).
 
     Attributes:
-        kind: what its processes hold: ``accelerator``, ``hardware`` or ``node``.
+        kind: what its processes hold: ``accelerator``, ``hardware``, ``node``, or
+            ``mixed`` (each placement says what it holds).
         hardware: the Ray resource of its hardware units, as the cluster spells it.
         capture_child_tasks, engine: copied from the spec; see ComponentSpec.
     """
@@ -84,23 +85,32 @@ class JobPlan(msgspec.Struct, frozen=True, kw_only=True):
         return sorted({p.node_rank for c in self.components for p in c.placements})
 
 
-def _bundles_of_node(plan: JobPlan, spec: ClusterSpec) -> dict[int, dict[tuple[str, int], dict]]:
-    used: dict[int, dict[tuple[str, int], dict[str, float]]] = {}
+BundleKey = tuple[str, str, int]  # (kind, hardware resource or "", node-local index)
+
+
+def _bundles_of_node(plan: JobPlan, spec: ClusterSpec) -> dict[int, dict[BundleKey, dict]]:
+    """Every bundle each node needs: one per accelerator a process holds, and one per
+    accelerator a hardware or node process sees (so no other job can take what it is
+    shown), one per hardware unit, one CPU bundle for node-level processes."""
+    used: dict[int, dict[BundleKey, dict[str, float]]] = {}
     cpu = max(spec.cpus_per_accelerator, MIN_BUNDLE_CPU)
+    accel = {spec.accelerator: 1.0}
+    if spec.cpus_per_accelerator > 0:
+        accel["CPU"] = spec.cpus_per_accelerator
     for comp in plan.components:
         for p in comp.placements:
             bundles = used.setdefault(p.node_rank, {})
-            if comp.kind == ACCELERATOR:
+            if p.kind == ACCELERATOR:
                 for g in p.local_resource_ranks:
-                    res = {spec.accelerator: 1.0}
-                    if spec.cpus_per_accelerator > 0:
-                        res["CPU"] = spec.cpus_per_accelerator
-                    bundles[(ACCELERATOR, g)] = res
-            elif comp.kind == HARDWARE:
+                    bundles[(ACCELERATOR, "", g)] = dict(accel)
+                continue
+            for g in p.cuda_visible_devices:  # seen, held, not requested
+                bundles.setdefault((ACCELERATOR, "", g), dict(accel))
+            if p.kind == HARDWARE:
                 for u in p.local_resource_ranks:
-                    bundles[(HARDWARE, u)] = {comp.hardware or "": 1.0, "CPU": cpu}
+                    bundles[(HARDWARE, p.hardware, u)] = {p.hardware: 1.0, "CPU": cpu}
             else:
-                bundles[(NODE, -1)] = {"CPU": cpu}
+                bundles[(NODE, "", -1)] = {"CPU": cpu}
     return used
 
 
@@ -118,14 +128,14 @@ def plan_slots(
     slots = []
     for i, nr in enumerate(sorted(used)):
         node = nodes[nr]
-        keys = sorted(used[nr], key=lambda k: (_ORDER[k[0]], k[1]))
+        keys = sorted(used[nr], key=lambda k: (_ORDER[k[0]], k[1], k[2]))
         slots.append(
             SlotRecord(
                 node_rank=nr,
                 node_id=node.node_id,
                 node_ip=node.ip,
                 group_name=f"{name_prefix}{i}",
-                bundles=[BundleRecord(k[0], k[1], used[nr][k]) for k in keys],
+                bundles=[BundleRecord(k[0], k[2], used[nr][k]) for k in keys],
             )
         )
     return slots

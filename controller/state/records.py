@@ -57,11 +57,12 @@ class SlotRecord(msgspec.Struct, frozen=True, kw_only=True):
     group_id: str = ""
     bundles: list[BundleRecord] = []
 
-    def bundle_index(self, kind: str, local_index: int) -> int:
+    def bundle_index(self, kind: str, local_index: int, hardware: str = "") -> int:
         for i, b in enumerate(self.bundles):
-            if b.kind == kind and b.local_index == local_index:
+            matches = b.kind == kind and b.local_index == local_index
+            if matches and (not hardware or hardware in b.resources):
                 return i
-        raise KeyError((kind, local_index))
+        raise KeyError((kind, local_index, hardware))
 
     def need(self) -> dict[str, float]:
         """The resources of all bundles together."""

@@ -196,6 +196,12 @@ def migrate_v1(data: bytes) -> list[Migrated]:
             leases=old.leases,
         )
         stored = StoredPlan(job=job, uid=record.uid, epoch=record.epoch, plan=plan)
-        published = publish(record, plan) if record.settled else None
+        try:
+            published = publish(record, plan) if record.settled else None
+        except (KeyError, IndexError, PlacementError) as e:
+            raise TableUnreadable(
+                f"legacy record {job!r} cannot be migrated: its plan no longer matches its "
+                f"slots ({type(e).__name__}: {e})"
+            ) from None
         out.append(Migrated(record, stored, published))
     return out

@@ -93,13 +93,16 @@ def v1_view(record: ReservationRecord, live):
 
     mine = {n.node_id for n in record.nodes.values()}
     others = [n for n in live.nodes if n.node_id not in mine]
-    size = max([*record.nodes, len(live.nodes) - 1]) + 1
+    size = max([*record.nodes, len(live.nodes) - 1, record.spec.num_nodes - 1]) + 1
+    like = next((n for n in record.nodes.values() if n.num_gpus), None)
     nodes = []
     for rank in range(size):
         if rank in record.nodes:
             nodes.append(record.nodes[rank])
         elif others:
             nodes.append(others.pop(0))
+        else:  # a node that has left the cluster since
+            nodes.append(msgspec.structs.replace(like, node_id=f"departed{rank}", ip=""))
     return ClusterView(nodes=nodes)
 
 

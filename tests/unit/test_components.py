@@ -153,7 +153,9 @@ def test_node_only_group_and_reserved_node_group():
     cp = cp_of(block, view)
     agent = cp.placements("agent")
     assert [p.node_rank for p in agent] == [0, 0, 1, 1, 2, 2]
-    assert all(p.cuda_visible_devices == [] for p in agent)
+    # as in RLinf, a process on a node sees every accelerator of that node, holding none
+    assert [p.cuda_visible_devices for p in agent] == [list(range(8))] * 2 + [[]] * 4
+    assert {p.local_gpu_id for p in agent} == {-1}
     assert isinstance(cp.get_strategy("agent"), NodePlacementStrategy)
     # a group whose nodes have no accelerators: its resources are nodes
     assert [p.node_rank for p in cp.placements("tool")] == [1, 2]
@@ -174,19 +176,44 @@ def test_cluster_group_without_accelerators_uses_nodes():
     assert [p.node_rank for p in cp.placements("x")] == [0, 1]
 
 
-def test_groups_of_different_kinds_or_overlapping_are_refused():
-    with pytest.raises(PlacementError, match="hold different kinds of resource"):
-        cp_of(
-            {**GROUPS, "component_placement": {"x": {"node_group": "a,robot", "placement": 0}}},
-            UNEVEN,
-        )
+def test_groups_of_different_kinds_mix_and_the_same_kind_never_overlaps():
+    # accelerators of 'a' (ranks 0-5) then franka units of 'robot' (6-8), as RLinf counts
+    mixed = {**GROUPS, "component_placement": {"x": {"node_group": "a,robot", "placement": "5-7"}}}
+    ps = cp_of(mixed, UNEVEN).placements("x")
+    assert [(p.kind, p.node_rank, p.local_resource_ranks) for p in ps] == [
+        ("accelerator", 1, [3]),
+        ("hardware", 2, [0]),
+        ("hardware", 2, [1]),
+    ]
+    assert [p.hardware for p in ps] == ["", "franka", "franka"]
     overlap = {
         "num_nodes": 2,
         "node_groups": [{"label": "p", "node_ranks": "0-1"}, {"label": "q", "node_ranks": 1}],
         "component_placement": {"x": {"node_group": ["p", "q"], "placement": 0}},
     }
-    with pytest.raises(PlacementError, match="'p' and 'q' both contain node 1"):
+    with pytest.raises(PlacementError, match="'p' and 'q' both contain node 1 and would count"):
         cp_of(overlap, ClusterView.uniform(2, 8))
+    shared_node = {
+        "num_nodes": 1,
+        "node_groups": [
+            {"label": "g", "node_ranks": 0},
+            {"label": "r", "node_ranks": 0, "hardware": {"type": "franka"}},
+        ],
+        "component_placement": {
+            "ok": {"node_group": "g,r", "placement": "0-2"},
+            "bad": {"node_group": "g,r", "placement": "1-2:0"},
+        },
+    }
+    view = ClusterView(nodes=[NodeView(num_gpus=2, resources={"franka": 1})])
+    with pytest.raises(PlacementError, match="would hold accelerator and franka"):
+        cp_of(shared_node, view)
+    del shared_node["component_placement"]["bad"]
+    ok = cp_of(shared_node, view).placements("ok")
+    assert [(p.kind, p.local_resource_ranks) for p in ok] == [
+        ("accelerator", [0]),
+        ("accelerator", [1]),
+        ("hardware", [0]),
+    ]
 
 
 def test_groups_needing_nodes_the_view_lacks():

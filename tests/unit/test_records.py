@@ -200,7 +200,8 @@ def test_hardware_and_node_processes_hold_no_accelerator():
     out = build_assignments(res, plan)
     env_ = out["env"]  # two processes share one robot: a hardware resource, no GPU
     assert [a.resources for a in env_] == [{"franka": 0.5}] * 2
-    assert env_[0].num_gpus == 0 and env_[0].env["CUDA_VISIBLE_DEVICES"] == ""
+    # ...and, as in RLinf, they see every accelerator of the robot's node, held by the job
+    assert env_[0].num_gpus == 0 and env_[0].env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
     assert [a.env["LOCAL_RANK"] for a in env_] == ["0", "1"]
     assert env_[0].env["ROBOT"] == "panda" and env_[0].python == "/venv/py"
 
@@ -360,3 +361,13 @@ def test_bad_job_names(job):
 def test_bad_timeouts(value):
     with pytest.raises(ReservationError, match="timeout_s"):
         check_timeout(value)
+
+
+def test_a_legacy_record_whose_plan_no_longer_matches_its_slots_is_refused():
+    import msgspec as m
+
+    table = m.msgpack.decode((DATA / "table_v1.msgpack").read_bytes())
+    record = table["reservations"]["small"]
+    record["slots"][0]["node_rank"] = 2  # its slot is no longer where its plan puts it
+    with pytest.raises(TableUnreadable, match="'small' cannot be migrated"):
+        migrate_v1(m.msgpack.encode(table))

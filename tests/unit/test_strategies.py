@@ -152,12 +152,12 @@ def test_flexible_errors():
 
 def test_node_strategy_repeats_allowed_and_no_gpu():
     view = ClusterView.uniform(3, 8)
-    ps = NodePlacementStrategy([2, 0, 2]).get_placement(view)
-    assert [p.node_rank for p in ps] == [2, 0, 2]
-    assert all(p.cuda_visible_devices == [] and p.local_gpu_id == -1 for p in ps)
-    assert [p.placement_node_rank for p in ps] == [0, 1, 0]
+    ps = NodePlacementStrategy([2, 0, 2]).get_placement(view)  # sorted, as in RLinf
+    assert [p.node_rank for p in ps] == [0, 2, 2]
+    assert all(p.cuda_visible_devices == list(range(8)) and p.local_gpu_id == -1 for p in ps)
+    assert [p.placement_node_rank for p in ps] == [0, 1, 1]
     assert [p.local_rank for p in ps] == [0, 0, 1]
-    assert [p.local_world_size for p in ps] == [2, 1, 2]
+    assert [p.local_world_size for p in ps] == [1, 2, 2]
     with pytest.raises(PlacementError, match="node rank 3 is out of range"):
         NodePlacementStrategy([3]).get_placement(view)
 

@@ -85,10 +85,13 @@ class PlacementStrategy:
         """
         pool = self.pool(view)
         procs = self.assign(pool)
-        shares = None
-        if pool.kind == ACCELERATOR:
-            req = ShareRequest("", pool.unit_node, pool.unit_local, procs)
-            shares = account([req])[0][0].process
+        kinds = pool.unit_kind or [pool.kind] * pool.size
+        ranks = [r for r, units in enumerate(procs) if kinds[units[0]] == ACCELERATOR]
+        shares = [0.0] * len(procs)
+        if ranks:
+            req = ShareRequest("", pool.unit_node, pool.unit_local, [procs[r] for r in ranks])
+            for r, share in zip(ranks, account([req])[0][0].process, strict=True):
+                shares[r] = share
         return build_placements(
             pool, view, procs, isolate=self.isolate_gpu and isolate_gpu, shares=shares
         )

@@ -14,7 +14,9 @@ class FlexiblePlacementStrategy(PlacementStrategy):
     """Explicit resource ranks for each process: ``resource_ranks_per_process[rank]``.
 
     Ranks count the node group's resources (accelerators, hardware units or nodes);
-    each process's resources must lie on one node.
+    each process's resources must lie on one node and be of one kind. As in RLinf, each
+    process's list is sorted and must not repeat a rank, and processes are numbered in
+    the order of their first resource rank.
     """
 
     def __init__(
@@ -34,8 +36,14 @@ class FlexiblePlacementStrategy(PlacementStrategy):
                     f"{cls} process {rank}: expected a non-empty list of resource ranks, "
                     f"got {ranks!r}"
                 )
-            checked.append([_int(f"process {rank} resource", r, 0, cls) for r in ranks])
-        self.resource_ranks_per_process = checked
+            ints = sorted(_int(f"process {rank} resource", r, 0, cls) for r in ranks)
+            if len(set(ints)) != len(ints):
+                raise PlacementError(
+                    f"{cls} process {rank}: resource ranks {list(ranks)!r} repeat a rank; "
+                    "each resource may be listed once per process"
+                )
+            checked.append(ints)
+        self.resource_ranks_per_process = sorted(checked, key=lambda ranks: ranks[0])
 
     @classmethod
     def _from_plan(cls, procs: list[list[int]], groups: list[NodeGroup]):

@@ -13,9 +13,10 @@ from controller.planning.strategies.base import GroupArg, PlacementStrategy, _in
 
 class NodePlacementStrategy(PlacementStrategy):
     """One process per listed node rank (counted within the node group; repeats allowed).
+    The node ranks are sorted, as RLinf does.
 
-    Processes placed this way hold a node, not an accelerator: their visible-devices
-    list is empty.
+    Processes placed this way hold a node, not an accelerator: they see every
+    accelerator of their node (RLinf's behaviour) and hold none.
     """
 
     def __init__(self, node_ranks: Sequence[int], node_group: GroupArg = None) -> None:
@@ -23,7 +24,7 @@ class NodePlacementStrategy(PlacementStrategy):
         cls = type(self).__name__
         if isinstance(node_ranks, (str, bytes)) or not node_ranks:
             raise PlacementError(f"{cls} node_ranks={node_ranks!r}: expected a non-empty list")
-        self.node_ranks = [_int("node rank", r, 0, cls) for r in node_ranks]
+        self.node_ranks = sorted(_int("node rank", r, 0, cls) for r in node_ranks)
         self.node_groups = [msgspec.structs.replace(g, nodes_only=True) for g in self.node_groups]
 
     def assign(self, pool: ResourcePool) -> list[list[int]]:

@@ -1,0 +1,122 @@
+"""The normalised ``cluster:`` configuration: the record placectl plans from, compares
+for idempotence and persists. Equal meaning gives equal records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from controller.errors import PlacementError
+
+RESERVED_GROUPS = ("cluster", "node")
+ENGINES = ("vllm",)
+
+
+class PortRange(msgspec.Struct, frozen=True):
+    """Inclusive range master ports are leased from."""
+
+    low: int = 20000
+    high: int = 29999
+
+
+class EnvConfig(msgspec.Struct, frozen=True):
+    """Environment of some nodes of a group; ``node_ranks`` None means all of them."""
+
+    node_ranks: list[int] | None
+    env_vars: dict[str, str]
+    python_interpreter_path: str | None = None
+
+
+class NodeGroup(msgspec.Struct, frozen=True, kw_only=True):
+    """A labelled set of nodes.
+
+    Attributes:
+        label: the group's name.
+        node_ranks: cluster node ranks in node-rank order; ``None`` for the reserved
+            ``cluster``/``node`` groups (every node) and for floating groups.
+        hardware: the Ray resource whose units are this group's resources, if any.
+        hardware_units: units per node rank, from ``hardware.configs``; when ``None``
+            the units come from the cluster's resources.
+        nodes_only: the group's resources are its nodes even where it has accelerators.
+        selector, count: a floating group: ``count`` nodes whose labels match.
+        env_configs: per-node environment, RLinf form.
+    """
+
+    label: str
+    node_ranks: list[int] | None = None
+    hardware: str | None = None
+    hardware_units: dict[int, int] | None = None
+    nodes_only: bool = False
+    selector: dict[str, str] | None = None
+    count: int = 0
+    env_configs: list[EnvConfig] = []
+
+    @property
+    def floating(self) -> bool:
+        return self.selector is not None
+
+
+class ComponentSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One component. Components written under one key share ``key`` and a strategy.
+
+    Attributes:
+        capture_child_tasks: Ray tasks and actors the component's processes start stay
+            in the reservation; such a component is an engine (see ``starts_children``).
+        accelerator_share: fraction of its first accelerator each process requests.
+        isolate: for processes on accelerators, each sees only its own (default; False:
+            all the component's accelerators on its node). Processes on hardware units or
+            nodes see every accelerator of their node, as RLinf shows them, and the job
+            holds those accelerators; ``True`` makes them see none and hold none.
+        engine: the inference engine the component runs (``vllm``): its processes get
+            that engine's own variables for placing their workers.
+        child_share: fraction of an accelerator each child of an engine requests.
+    """
+
+    name: str
+    key: str
+    placement: str
+    node_groups: list[str]
+    capture_child_tasks: bool = False
+    accelerator_share: float | None = None
+    isolate: bool | None = None
+    engine: str | None = None
+    child_share: float | None = None
+
+    @property
+    def starts_children(self) -> bool:
+        """An engine: each process may start one child per accelerator it holds."""
+        return self.capture_child_tasks or self.engine is not None
+
+
+class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A validated, normalised ``cluster:`` block. Equal meaning gives equal records."""
+
+    num_nodes: int
+    accelerator: str = "GPU"
+    cpus_per_accelerator: float = 1.0
+    ports: PortRange = PortRange()
+    node_groups: list[NodeGroup] = []
+    components: list[ComponentSpec] = []
+    num_gpus_per_node: int | None = None
+    unused: dict[str, Any] = {}  # RLinf's keys that placectl keeps but does not use
+
+    def component(self, name: str) -> ComponentSpec:
+        for c in self.components:
+            if c.name == name:
+                return c
+        raise PlacementError(
+            f"unknown component {name!r}; the configuration has "
+            f"{', '.join(c.name for c in self.components)}"
+        )
+
+    def node_group(self, label: str) -> NodeGroup:
+        if label == "cluster":
+            return NodeGroup(label="cluster")
+        if label == "node":
+            return NodeGroup(label="node", nodes_only=True)
+        for g in self.node_groups:
+            if g.label == label:
+                return g
+        known = [*RESERVED_GROUPS, *(g.label for g in self.node_groups)]
+        raise PlacementError(f"unknown node group {label!r}; known groups: {', '.join(known)}")
