@@ -20,17 +20,18 @@ from controller.errors import (
     TableUnreadable,
     UnknownReservation,
 )
-from controller.state.assignments import Assignment, Published
+from controller.state.assignments import Assignment
+from controller.state.published import ComponentBlock
 from controller.state.records import AUTO, ReservationRecord
 from controller.state.requests import check_job
 from controller.state.status import ReservationInfo, summarize
 from controller.state.table import (
-    ASSIGNMENTS,
     KV_NAMESPACE,
     LEGACY_KEY,
     META,
     RECORD,
     check_meta,
+    component_key,
     decode,
     key,
     kv_prefix,
@@ -41,7 +42,7 @@ DEFAULT_NAMESPACE = "placectl"
 HEAD_RESOURCE = "node:__internal_head__"
 _INFO = msgspec.msgpack.Decoder(ReservationInfo)
 _INFOS = msgspec.msgpack.Decoder(list[ReservationInfo])
-_PUBLISHED = msgspec.msgpack.Decoder(Published)
+_BLOCK = msgspec.msgpack.Decoder(ComponentBlock)
 
 
 def _unwrap(fn: Callable[[], Any]) -> Any:
@@ -113,10 +114,22 @@ def connect(
     return ctl
 
 
-def _kv_get(controller_name: str, k: bytes) -> bytes | None:
-    from ray.experimental import internal_kv
+class RayTable:
+    """A controller's table in the GCS key-value store, read from a driver."""
 
-    return internal_kv._internal_kv_get(kv_prefix(controller_name) + k, namespace=KV_NAMESPACE)
+    def __init__(self, controller_name: str) -> None:
+        self._prefix = kv_prefix(controller_name)
+
+    def get(self, k: bytes) -> bytes | None:
+        from ray.experimental import internal_kv
+
+        return internal_kv._internal_kv_get(self._prefix + k, namespace=KV_NAMESPACE)
+
+    def keys(self, prefix: bytes) -> list[bytes]:
+        from ray.experimental import internal_kv
+
+        found = internal_kv._internal_kv_list(self._prefix + prefix, namespace=KV_NAMESPACE)
+        return [k[len(self._prefix) :] for k in found]
 
 
 class Controller:
@@ -124,11 +137,16 @@ class Controller:
     reservation go straight to the table in the GCS."""
 
     def __init__(
-        self, handle: Any = None, name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE
+        self,
+        handle: Any = None,
+        name: str = DEFAULT_NAME,
+        namespace: str = DEFAULT_NAMESPACE,
+        table: Any = None,
     ):
         self.handle = handle
         self.name = name
         self.namespace = namespace
+        self._table = table if table is not None else RayTable(name)
 
     def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
         if self.handle is None:  # made for reading the table only; find the actor now
@@ -200,9 +218,9 @@ class Controller:
         return Reservation(self, self.record(job))
 
     def _check_table(self) -> None:
-        meta = _kv_get(self.name, META)
+        meta = self._table.get(META)
         check_meta(meta)
-        if meta is None and _kv_get(self.name, LEGACY_KEY) is not None:
+        if meta is None and self._table.get(LEGACY_KEY) is not None:
             raise TableUnreadable(
                 "the table is still in format 1 (placectl 0.1); start the controller "
                 "(`placectl start`), which migrates it"
@@ -211,28 +229,25 @@ class Controller:
     def record(self, job: str) -> ReservationRecord:
         """The stored record of ``job``."""
         check_job(job)
-        data = _kv_get(self.name, key(RECORD, job))
+        data = self._table.get(key(RECORD, job))
         if data is None:
             self._check_table()
             known = ", ".join(sorted(self.table())) or "none"
             raise UnknownReservation(f"no reservation named {job!r} (reserved: {known})")
         return decode(data, ReservationRecord, f"record {job!r}")
 
-    def published(self, job: str) -> Published | None:
-        """The stored assignments of ``job``'s latest epoch (None before it is ready)."""
-        data = _kv_get(self.name, key(ASSIGNMENTS, job))
-        return None if data is None else decode(data, Published, f"assignments of {job!r}")
+    def component(self, job: str, component: str) -> ComponentBlock | None:
+        """The stored assignments of one component of ``job`` (None before it is ready)."""
+        data = self._table.get(component_key(job, component))
+        what = f"assignments of {job}/{component}"
+        return None if data is None else decode(data, ComponentBlock, what)
 
     def table(self) -> dict[str, ReservationRecord]:
         """Every stored record, by job name, read from the GCS (not from the controller)."""
-        from ray.experimental import internal_kv
-
         self._check_table()
-        prefix = kv_prefix(self.name)
-        keys = internal_kv._internal_kv_list(prefix + RECORD, namespace=KV_NAMESPACE)
         out = {}
-        for k in keys:
-            data = internal_kv._internal_kv_get(k, namespace=KV_NAMESPACE)
+        for k in self._table.keys(RECORD):
+            data = self._table.get(k)
             if data is not None:
                 record = decode(data, ReservationRecord, f"record {k.decode()!r}")
                 out[record.job] = record
@@ -274,34 +289,48 @@ class Reservation:
     def __init__(self, controller: Controller, source: ReservationRecord | ReservationInfo):
         self.controller = controller
         self._record: ReservationRecord | None = None
-        self._published: Published | None = None
+        self._info: ReservationInfo | None = None
+        self._blocks: dict[str, list[Assignment]] = {}
+        self._of: tuple[str, int] = ("", 0)  # the uid and epoch of the cached blocks
         if isinstance(source, ReservationRecord):
             self._adopt(source)
         else:
-            self.info = source
+            self._info = source
 
     def _adopt(self, record: ReservationRecord) -> None:
-        if self._published is not None and (
-            self._published.uid != record.uid or self._published.epoch != record.epoch
-        ):
-            self._published = None
+        if self._of != (record.uid, record.epoch):
+            self._blocks = {}
+            self._of = (record.uid, record.epoch)
         self._record = record
-        self.info = summarize(record)
+        self._info = None  # summarised when asked for
+
+    @property
+    def info(self) -> ReservationInfo:
+        """The reservation as ``status`` shows it, as of the last read."""
+        if self._info is None:
+            self._info = summarize(self._record)
+        return self._info
 
     @property
     def job(self) -> str:
-        return self.info.job
+        return self._record.job if self._record is not None else self.info.job
 
     @property
     def epoch(self) -> int:
-        return self.info.epoch
+        return self._record.epoch if self._record is not None else self.info.epoch
 
     @property
     def uid(self) -> str:
-        return self.info.uid
+        return self._record.uid if self._record is not None else self.info.uid
+
+    @property
+    def state(self) -> str:
+        return self._record.state if self._record is not None else self.info.state
 
     @property
     def components(self) -> list[str]:
+        if self._record is not None:
+            return list(self._record.world_sizes)
         return list(self.info.components)
 
     def refresh(self) -> ReservationInfo:
@@ -309,40 +338,41 @@ class Reservation:
         self._adopt(self.controller.record(self.job))
         return self.info
 
-    def _load_published(self) -> Published:
+    def _refresh_record(self) -> None:
+        self._adopt(self.controller.record(self.job))
+
+    def _load(self, component: str) -> list[Assignment]:
         record = self._record
         for _ in range(5):
-            published = self.controller.published(self.job)
-            if published is not None and (published.uid, published.epoch) == (
-                record.uid,
-                record.epoch,
-            ):
-                return published
+            block = self.controller.component(self.job, component)
+            if block is not None and (block.uid, block.epoch) == (record.uid, record.epoch):
+                return block.assignments()
             time.sleep(0.05)  # the controller writes assignments just before the record
-            self.refresh()
+            self._refresh_record()
             record = self._record
         # Still apart (a write that failed half way): the controller's memory is consistent.
-        published = _PUBLISHED.decode(self.controller._call("published", self.job))
-        if (published.uid, published.epoch) != (record.uid, record.epoch):
+        block = _BLOCK.decode(self.controller._call("component", self.job, component))
+        if (block.uid, block.epoch) != (record.uid, record.epoch):
             raise StaleReservation(f"reservation {self.job!r} changed while being read; retry")
-        return published
+        return block.assignments()
 
     def assignments(self, component: str) -> list[Assignment]:
         """Each rank's :class:`Assignment` for ``component``, in rank order, as of the
-        reservation's current uid and epoch (one GCS read when nothing changed)."""
-        self.refresh()
-        if self.info.state not in ("ready", "degraded"):
+        reservation's current uid and epoch: one read of the record, and of the
+        component's assignments only when they changed."""
+        self._refresh_record()
+        if self.state not in ("ready", "degraded"):
             raise ReservationError(
-                f"reservation {self.job!r} is {self.info.state}; assignments need ready"
+                f"reservation {self.job!r} is {self.state}; assignments need ready"
             )
-        if component not in self.info.components:
+        if component not in self._record.world_sizes:
             raise PlacementError(
                 f"unknown component {component!r} in {self.job!r}; it has "
-                f"{', '.join(self.info.components)}"
+                f"{', '.join(self._record.world_sizes)}"
             )
-        if self._published is None:
-            self._published = self._load_published()
-        return self._published.components[component]
+        if component not in self._blocks:
+            self._blocks[component] = self._load(component)
+        return self._blocks[component]
 
     def release(self) -> bool:
         return self.controller.release(self.job)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import re
@@ -25,7 +26,7 @@ from controller.runtime.repair import Repairing
 from controller.runtime.reserving import Reserving
 from controller.runtime.settings import Settings
 from controller.runtime.store import Store
-from controller.state.assignments import Published
+from controller.state.published import Published
 from controller.state.records import GROUP_PREFIX, STATES, ReservationRecord
 from controller.state.requests import check_job
 from controller.state.status import ReservationInfo, summarize
@@ -118,6 +119,8 @@ class PlacementController(Reserving, Reconciling, Repairing, Leasing):
         self._incarnation = f"{os.getpid()}-{secrets.token_hex(4)}"
         self.settings = settings or Settings()
         self._records: dict[str, ReservationRecord] = {}
+        self._states: dict[str, int] = dict.fromkeys(STATES, 0)
+        self._ledger: dict[str, collections.Counter] = {}  # node id -> leased ports
         self._epochs: dict[str, int] = {}
         self._plans: dict[str, StoredPlan] = {}
         self._published: dict[str, Published] = {}
@@ -218,24 +221,48 @@ class PlacementController(Reserving, Reconciling, Repairing, Leasing):
             self._published[job] = published
             self._encoded.pop(job, None)
         self._index(job, old, record)
-        self._observe()
+        self._account(old, record)
 
     async def _forget(self, job: str) -> None:
-        await self._store.delete(job)
+        if job in self._records:
+            await self._store.delete(self._records[job])
         old = self._records.pop(job, None)
         self._plans.pop(job, None)
         self._published.pop(job, None)
         self._encoded.pop(job, None)
         self._progress.pop(job, None)
         self._index(job, old, None)
+        self._account(old, None)
         self._io.metrics.forget(job)
-        self._observe()
 
     def _observe(self) -> None:
-        states = dict.fromkeys(STATES, 0)
+        """Recount everything (after recovery) and report it."""
+        self._states = dict.fromkeys(STATES, 0)
+        self._ledger = {}
         for r in self._records.values():
-            states[r.state] = states.get(r.state, 0) + 1
-        self._io.metrics.observe(states, {j: r.accelerators() for j, r in self._records.items()})
+            self._account(None, r, report=False)
+        self._io.metrics.observe(
+            self._states, {j: r.accelerators() for j, r in self._records.items()}
+        )
+
+    def _account(
+        self, old: ReservationRecord | None, new: ReservationRecord | None, report: bool = True
+    ) -> None:
+        """Keep state counts and the port ledger in step with one record's change, so a
+        commit costs what its job costs, not what the cluster holds."""
+        for record, sign in ((old, -1), (new, 1)):
+            if record is None:
+                continue
+            self._states[record.state] = self._states.get(record.state, 0) + sign
+            for lease in record.leases:
+                held = self._ledger.setdefault(lease.node_id, collections.Counter())
+                for port in lease.ports:
+                    held[port] += sign
+                    if held[port] <= 0:
+                        del held[port]
+        if report:
+            accelerators = {new.job: new.accelerators()} if new is not None else {}
+            self._io.metrics.observe(self._states, accelerators)
 
     def _lock(self, job: str) -> asyncio.Lock:
         return self._locks.setdefault(job, asyncio.Lock())
@@ -253,7 +280,7 @@ class PlacementController(Reserving, Reconciling, Repairing, Leasing):
         published = self._published.get(job)
         record = self._records[job]
         if published is None or published.epoch != record.epoch or published.uid != record.uid:
-            published = await self._store.published(job)
+            published = await self._store.published(record)
             if published is None or published.uid != record.uid:
                 raise ReservationError(f"the assignments of {job!r} are missing from the table")
             self._published[job] = published
@@ -283,7 +310,9 @@ class PlacementController(Reserving, Reconciling, Repairing, Leasing):
         encoded = self._encoded.get(job)
         if encoded is None:
             published = await self._published_of(job)
-            encoded = {n: msgspec.msgpack.encode(a) for n, a in published.components.items()}
+            encoded = {
+                n: msgspec.msgpack.encode(b.assignments()) for n, b in published.components.items()
+            }
             self._encoded[job] = encoded
         if component not in encoded:
             raise PlacementError(
@@ -291,13 +320,16 @@ class PlacementController(Reserving, Reconciling, Repairing, Leasing):
             )
         return encoded[component]
 
-    async def published(self, job: str) -> bytes:
-        """The msgpack-encoded :class:`Published` assignments of ``job``'s epoch."""
+    async def component(self, job: str, component: str) -> bytes:
+        """The msgpack-encoded :class:`ComponentBlock` of ``job``'s current epoch."""
         await self._ready()
         res = self._get(job)
         if not res.settled:
             raise ReservationError(f"reservation {job!r} is {res.state}; assignments need ready")
-        return msgspec.msgpack.encode(await self._published_of(job))
+        published = await self._published_of(job)
+        if component not in published.components:
+            raise PlacementError(f"unknown component {component!r} in {job!r}")
+        return msgspec.msgpack.encode(published.components[component])
 
     async def status(self, job: str) -> bytes:
         """The encoded :class:`ReservationInfo` of ``job``."""

@@ -99,6 +99,8 @@ class FakeCluster:
         # caller stops waiting, as Ray's does
         self._ids = itertools.count(1)
         self._making: set[asyncio.Task] = set()
+        self._pending: set[str] = set()  # groups waiting for room, the only ones to retry
+        self._on_node: dict[str, set[str]] = collections.defaultdict(set)
 
     # ------------------------------------------------------------ building the cluster
     def add_node(
@@ -137,8 +139,9 @@ class FakeCluster:
         """The node dies: its groups go to RESCHEDULING (pinned, they cannot move)."""
         node = self.nodes_by_id[node_id]
         node.info = NodeInfo(**{**_fields(node.info), "alive": False})
-        for g in self.groups_by_id.values():
-            if g.node_id == node_id and g.state == CREATED:
+        for gid in self._on_node[node_id]:
+            g = self.groups_by_id[gid]
+            if g.state == CREATED:
                 g.state = RESCHEDULING
                 g.ready.clear()
         self.events.append(NodeEvent(node_id, False))
@@ -196,7 +199,7 @@ class FakeCluster:
         self._cost(
             "free", self.latency.gcs_rtt + self.latency.per_node_read * len(self.nodes_by_id)
         )
-        return {i: dict(n.free) for i, n in self.nodes_by_id.items() if n.info.alive}
+        return {i: n.free for i, n in self.nodes_by_id.items() if n.info.alive}
 
     async def node_events(self) -> list[NodeEvent]:
         out = list(self.events)
@@ -212,6 +215,8 @@ class FakeCluster:
                 await asyncio.sleep(self.create_delay)
             gid = f"{next(self._ids):036x}"
             self.groups_by_id[gid] = _Group(gid, name, [dict(b) for b in bundles], node_id)
+            self._on_node[node_id].add(gid)
+            self._pending.add(gid)
             self._schedule()
             return gid
 
@@ -228,9 +233,13 @@ class FakeCluster:
         return all(node.free.get(k, 0.0) + 1e-9 >= v for k, v in need.items())
 
     def _schedule(self) -> None:
-        for g in self.groups_by_id.values():
+        for gid in sorted(self._pending):
+            g = self.groups_by_id[gid]
             node = self.nodes_by_id.get(g.node_id)
-            if g.state != PENDING or node is None or not node.info.alive:
+            if g.state != PENDING:
+                self._pending.discard(gid)
+                continue
+            if node is None or not node.info.alive:
                 continue
             if not self._fits(node, g.bundles):
                 continue
@@ -243,6 +252,7 @@ class FakeCluster:
                     g.devices[i] = device
             g.state = CREATED
             g.ready.set()
+            self._pending.discard(gid)
 
     async def wait_group(self, group_id: str, timeout: float) -> bool:
         self._cost("wait_group", self.latency.group_place)
@@ -263,6 +273,7 @@ class FakeCluster:
                     node.used_devices.discard(g.devices[i])
         g.state = REMOVED
         g.ready.set()
+        self._pending.discard(g.gid)
         self._schedule()
 
     async def remove_group(self, group_id: str) -> None:

@@ -41,11 +41,10 @@ class Leasing:
         self._tentative: dict[str, set[int]] = {}
 
     def _held(self, node_id: str) -> set[int]:
+        """Ports leased on a node (the ledger kept by commits) or held by a lease in
+        progress."""
         held = set(self._tentative.get(node_id, ()))
-        for record in self._records.values():
-            for lease in record.leases:
-                if lease.node_id == node_id:
-                    held.update(lease.ports)
+        held.update(self._ledger.get(node_id, ()))
         return held
 
     def _unhold(self, node_id: str, ports: set[int]) -> None:

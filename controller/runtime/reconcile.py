@@ -36,6 +36,7 @@ class Reconciling:
     def _init_reconciling(self) -> None:
         self._alive: set[str] = set()
         self._node_info: dict[str, NodeInfo] = {}
+        self._nodes_version = 0  # grows whenever _node_info changes
         self._by_node: dict[str, set[str]] = {}
         self._recheck: set[str] = set()
         self._last_full = 0.0
@@ -63,7 +64,15 @@ class Reconciling:
         joined = bool(alive - self._alive) and bool(self._node_info)
         self._alive = alive
         self._node_info = {n.node_id: n for n in infos}
+        self._nodes_version += 1
         return joined
+
+    def _node_died(self, node_id: str) -> None:
+        self._alive.discard(node_id)
+        info = self._node_info.get(node_id)
+        if info is not None and info.alive:
+            self._node_info[node_id] = msgspec.structs.replace(info, alive=False)
+            self._nodes_version += 1
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -146,7 +155,7 @@ class Reconciling:
                 self._alive.add(event.node_id)
                 joined = True
             else:
-                self._alive.discard(event.node_id)
+                self._node_died(event.node_id)
         full = now - self._last_full >= self.settings.full_check_period
         if full or joined:
             joined = self._set_nodes(await self._io.nodes()) or joined

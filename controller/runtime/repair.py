@@ -13,8 +13,7 @@ import msgspec
 
 from controller.runtime import groups
 from controller.runtime.io import CREATED
-from controller.runtime.reserving import live_view
-from controller.state.assignments import publish
+from controller.state.published import publish
 from controller.state.records import DEGRADED, MANUAL, READY, ReservationRecord
 from controller.state.spares import choose_spare
 
@@ -91,8 +90,8 @@ class Repairing:
         to remove once the new record is written. ``res`` is never changed, and on
         failure every group made for the attempt is removed. New master ports stay held
         in ``holds`` until the caller has written the record."""
-        infos = await self._io.nodes()
-        alive = {n.node_id for n in infos if n.alive}
+        self._set_nodes(await self._io.nodes())
+        alive = set(self._alive)
         table = await self._io.groups(sorted(res.group_ids()))
         broken = [
             i
@@ -104,7 +103,7 @@ class Repairing:
         if not broken:
             await self._commit(msgspec.structs.replace(res, state=READY, reason=""))
             return None, "", set()
-        live = live_view(infos, res.spec.accelerator)
+        live = self._cluster_view(res.spec.accelerator)
         live_by_id = {n.node_id: n for n in live.nodes}
         free = await self._io.free_resources()
         taken = {s.node_id for i, s in enumerate(res.slots) if i not in broken}

@@ -21,9 +21,9 @@ from controller.planning.components import ComponentPlacement
 from controller.planning.node_groups import choose_floating
 from controller.runtime import groups
 from controller.runtime.io import NodeInfo
-from controller.state.assignments import publish
 from controller.state.diff import describe_difference
 from controller.state.plan import JobPlan, plan_slots
+from controller.state.published import publish
 from controller.state.records import AUTO, DEGRADED, PENDING, READY, RELEASING, ReservationRecord
 from controller.state.requests import (
     check_flag,
@@ -38,27 +38,42 @@ log = logging.getLogger("placectl.controller")
 _BOOKKEEPING = ("CPU", "memory", "object_store_memory")
 
 
-def live_view(nodes: list[NodeInfo], accelerator: str) -> ClusterView:
-    """The alive nodes, in node-rank order, as the planner sees them."""
+def node_view(n: NodeInfo, accelerator: str) -> NodeView:
+    """One node as the planner sees it."""
+    custom = {
+        k: v
+        for k, v in n.resources.items()
+        if k != accelerator and k not in _BOOKKEEPING and not k.startswith("node:")
+    }
+    return NodeView(
+        num_gpus=int(n.resources.get(accelerator, 0)),
+        resources=custom,
+        labels=dict(n.labels),
+        node_id=n.node_id,
+        ip=n.ip,
+        is_head=n.is_head,
+    )
+
+
+def live_view(
+    nodes: list[NodeInfo],
+    accelerator: str,
+    cache: dict[str, tuple[NodeInfo, NodeView]] | None = None,
+) -> ClusterView:
+    """The alive nodes, in node-rank order, as the planner sees them. With ``cache``,
+    a node's view is built again only when what Ray reports of it changed."""
     views = []
     for n in nodes:
         if not n.alive:
             continue
-        custom = {
-            k: v
-            for k, v in n.resources.items()
-            if k != accelerator and k not in _BOOKKEEPING and not k.startswith("node:")
-        }
-        views.append(
-            NodeView(
-                num_gpus=int(n.resources.get(accelerator, 0)),
-                resources=custom,
-                labels=dict(n.labels),
-                node_id=n.node_id,
-                ip=n.ip,
-                is_head=n.is_head,
-            )
-        )
+        hit = cache.get(n.node_id) if cache is not None else None
+        if hit is not None and hit[0] == n:
+            views.append(hit[1])
+            continue
+        view = node_view(n, accelerator)
+        if cache is not None:
+            cache[n.node_id] = (n, view)
+        views.append(view)
     return ClusterView(nodes=order_nodes(views))
 
 
@@ -67,6 +82,20 @@ class Reserving:
 
     def _init_reserving(self) -> None:
         self._reserving: dict[str, asyncio.Task] = {}
+        self._views: dict[str, dict[str, tuple[NodeInfo, NodeView]]] = {}
+        self._cluster_views: dict[str, tuple[int, ClusterView]] = {}
+
+    def _cluster_view(self, accelerator: str) -> ClusterView:
+        """The alive nodes in node-rank order, kept from the nodes the loop follows
+        (events, joins, full reads): a reserve costs what its job costs, not a read and
+        a sort of the whole cluster."""
+        cached = self._cluster_views.get(accelerator)
+        if cached is not None and cached[0] == self._nodes_version:
+            return cached[1]
+        cache = self._views.setdefault(accelerator, {})
+        view = live_view(list(self._node_info.values()), accelerator, cache)
+        self._cluster_views[accelerator] = (self._nodes_version, view)
+        return view
 
     def _say(self, job: str, message: str) -> None:
         self._progress[job] = message
@@ -137,8 +166,12 @@ class Reserving:
 
     async def _wait_for_nodes(self, job: str, spec, deadline: float) -> ClusterView:
         last_log = 0.0
+        view = self._cluster_view(spec.accelerator)
         while True:
-            view = live_view(await self._io.nodes(), spec.accelerator)
+            if view.num_nodes >= spec.num_nodes:
+                return view
+            self._set_nodes(await self._io.nodes())  # a join the loop has not seen yet
+            view = self._cluster_view(spec.accelerator)
             if view.num_nodes >= spec.num_nodes:
                 return view
             message = f"waiting for nodes: {view.num_nodes} of {spec.num_nodes} alive"

@@ -9,10 +9,9 @@ import msgspec
 
 from controller.errors import PersistenceError, TableUnreadable
 from controller.runtime.io import ClusterIO
-from controller.state.assignments import Published
+from controller.state.published import ComponentBlock, Published
 from controller.state.records import ReservationRecord
 from controller.state.table import (
-    ASSIGNMENTS,
     EPOCH,
     LEGACY_BACKUP,
     LEGACY_KEY,
@@ -21,6 +20,7 @@ from controller.state.table import (
     RECORD,
     StoredPlan,
     check_meta,
+    component_key,
     decode,
     encode,
     job_of,
@@ -117,9 +117,20 @@ class Store:
         data = await self.io.kv_get(key(PLAN, job))
         return None if data is None else decode(data, StoredPlan, f"plan of {job!r}")
 
-    async def published(self, job: str) -> Published | None:
-        data = await self.io.kv_get(key(ASSIGNMENTS, job))
-        return None if data is None else decode(data, Published, f"assignments of {job!r}")
+    async def published(self, record: ReservationRecord) -> Published | None:
+        """The stored assignments of every component of ``record`` (None if any is
+        missing)."""
+        keys = [component_key(record.job, c) for c in record.world_sizes]
+        data = await self.io.kv_multi_get(keys)
+        if len(data) != len(keys):
+            return None
+        blocks = {
+            c: decode(data[k], ComponentBlock, f"assignments of {record.job}/{c}")
+            for c, k in zip(record.world_sizes, keys, strict=True)
+        }
+        first = next(iter(blocks.values()), None)
+        uid, epoch = (first.uid, first.epoch) if first else (record.uid, record.epoch)
+        return Published(job=record.job, uid=uid, epoch=epoch, components=blocks)
 
     # ------------------------------------------------------------ writing
     async def write(
@@ -135,7 +146,8 @@ class Store:
         if plan is not None:
             items.append((key(PLAN, record.job), encode(plan)))
         if published is not None:
-            items.append((key(ASSIGNMENTS, record.job), encode(published)))
+            for name, block in published.components.items():
+                items.append((component_key(record.job, name), encode(block)))
         items.append((key(RECORD, record.job), encode(record)))
         for k, v in items:
             await self._put(k, v)
@@ -148,8 +160,10 @@ class Store:
         await self._put(k, v)
         return len(k) + len(v)
 
-    async def delete(self, job: str) -> None:
+    async def delete(self, record: ReservationRecord) -> None:
         """Forget a released job: the record first, then what hangs off it. The epoch
         counter stays, so the name's next reservation continues the count."""
-        for prefix in (RECORD, ASSIGNMENTS, PLAN):
-            await self._delete(key(prefix, job))
+        await self._delete(key(RECORD, record.job))
+        for component in record.world_sizes:
+            await self._delete(component_key(record.job, component))
+        await self._delete(key(PLAN, record.job))

@@ -11,7 +11,7 @@ from controller.planning.colocation import floor_share
 from controller.planning.node_groups import ACCELERATOR, HARDWARE
 from controller.planning.placement import Placement
 from controller.state.environment import (
-    VLLM,
+    check_user_env,
     group_env,
     noset_variable,
     ray_sets_devices,
@@ -19,7 +19,7 @@ from controller.state.environment import (
     worker_env,
 )
 from controller.state.plan import JobPlan
-from controller.state.records import SCHEMA_VERSION, ReservationRecord, SlotRecord
+from controller.state.records import ReservationRecord, SlotRecord
 
 
 class Assignment(msgspec.Struct, kw_only=True, frozen=True):
@@ -135,16 +135,6 @@ class Assignment(msgspec.Struct, kw_only=True, frozen=True):
         return options
 
 
-class Published(msgspec.Struct, frozen=True, kw_only=True):
-    """Every component's assignments of one reservation epoch, as drivers read them."""
-
-    v: int = SCHEMA_VERSION
-    job: str
-    uid: str
-    epoch: int
-    components: dict[str, list[Assignment]]
-
-
 def _bundle_key(p: Placement) -> tuple[int, str, str, int]:
     local = p.local_resource_ranks[0] if p.kind == HARDWARE else -1
     return (p.node_rank, p.kind, p.hardware, local)
@@ -161,10 +151,14 @@ def _sharers(plan: JobPlan) -> dict[tuple[int, str, str, int], int]:
     return counts
 
 
-def _seen_devices(p: Placement, slot: SlotRecord) -> dict[str, Any]:
+def _by_local(slot: SlotRecord) -> dict[int, tuple[int, Any]]:
+    """A slot's accelerator bundles by planned local index: (bundle index, bundle)."""
+    return {b.local_index: (i, b) for i, b in enumerate(slot.bundles) if b.kind == ACCELERATOR}
+
+
+def _seen_devices(p: Placement, slot: SlotRecord, by_local: dict) -> dict[str, Any]:
     """A hardware or node process: the physical ids of the accelerators it sees."""
-    by_local = {b.local_index: b for b in slot.bundles if b.kind == ACCELERATOR}
-    visible = [by_local[g] for g in p.cuda_visible_devices]
+    visible = [by_local[g][1] for g in p.cuda_visible_devices]
     return {
         "placement": msgspec.structs.replace(
             p,
@@ -176,8 +170,7 @@ def _seen_devices(p: Placement, slot: SlotRecord) -> dict[str, Any]:
     }
 
 
-def _accelerator_fields(p: Placement, slot: SlotRecord) -> dict[str, Any]:
-    by_local = {b.local_index: (i, b) for i, b in enumerate(slot.bundles) if b.kind == ACCELERATOR}
+def _accelerator_fields(p: Placement, slot: SlotRecord, by_local: dict) -> dict[str, Any]:
     anchor, first = by_local[p.local_resource_ranks[0]]
     visible = [by_local[g][1] for g in p.cuda_visible_devices]
     placed = msgspec.structs.replace(
@@ -211,7 +204,17 @@ def build_assignments(res: ReservationRecord, plan: JobPlan) -> dict[str, list[A
     """
     spec = res.spec
     slot_of = {s.node_rank: s for s in res.slots}
+    locals_of = {s.node_rank: _by_local(s) for s in res.slots}
     sharers = _sharers(plan)
+    node_group_env: dict[tuple[str, int], tuple[dict[str, str], str | None]] = {}
+
+    def env_of(label: str, node_rank: int) -> tuple[dict[str, str], str | None]:
+        found = node_group_env.get((label, node_rank))
+        if found is None:
+            found = node_group_env[(label, node_rank)] = group_env(spec, label, node_rank)
+            check_user_env(found[0], "node group env_vars")
+        return found
+
     out: dict[str, list[Assignment]] = {}
     for comp in plan.components:
         master = slot_of[comp.placements[0].node_rank].node_ip
@@ -223,7 +226,7 @@ def build_assignments(res: ReservationRecord, plan: JobPlan) -> dict[str, list[A
             resources: dict[str, float] = {}
             gpus = 0.0
             if p.kind == ACCELERATOR:
-                fields = _accelerator_fields(p, slot)
+                fields = _accelerator_fields(p, slot, locals_of[p.node_rank])
                 if spec.accelerator == "GPU":
                     gpus = p.accelerator_share
                 else:
@@ -235,12 +238,13 @@ def build_assignments(res: ReservationRecord, plan: JobPlan) -> dict[str, list[A
                 if p.kind == HARDWARE:
                     resources = {p.hardware: floor_share(1.0 / k)}
                 fields = {
-                    **_seen_devices(p, slot),
+                    **_seen_devices(p, slot, locals_of[p.node_rank]),
                     "bundle_index": anchor,
                     "num_cpus": floor_share(slot.bundles[anchor].resources["CPU"] / k),
                 }
             placed = fields["placement"]
             indices = fields.get("bundle_indices") if engine_like else None
+            group_vars, python = env_of(placed.node_group, placed.node_rank)
             items.append(
                 Assignment(
                     **fields,
@@ -257,11 +261,12 @@ def build_assignments(res: ReservationRecord, plan: JobPlan) -> dict[str, list[A
                         port,
                         engine=comp.engine,
                         bundle_indices=indices,
+                        node_group_env=group_vars,
                     ),
                     epoch=res.epoch,
                     uid=res.uid,
                     resources=resources,
-                    python=group_env(spec, placed.node_group, placed.node_rank)[1],
+                    python=python,
                     child_share=placed.child_share if indices else 0.0,
                     accelerator=spec.accelerator,
                     ray_sets_devices=ray_sets_devices(placed, comp.engine),
@@ -269,13 +274,3 @@ def build_assignments(res: ReservationRecord, plan: JobPlan) -> dict[str, list[A
             )
         out[comp.name] = items
     return out
-
-
-def publish(res: ReservationRecord, plan: JobPlan) -> Published:
-    """The assignments of ``res``'s current epoch, ready to be written for drivers."""
-    return Published(
-        job=res.job, uid=res.uid, epoch=res.epoch, components=build_assignments(res, plan)
-    )
-
-
-__all__ = ["VLLM", "Assignment", "Published", "build_assignments", "publish"]

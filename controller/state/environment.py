@@ -135,6 +135,7 @@ def worker_env(
     *,
     engine: str | None = None,
     bundle_indices: list[int] | None = None,
+    node_group_env: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """The complete environment of one process (``placement`` with physical ids).
 
@@ -142,13 +143,18 @@ def worker_env(
         engine: the component's engine (``vllm``), if any.
         bundle_indices: for an engine, the bundle of each accelerator it holds, in
             visible-device order; its children go there.
+        node_group_env: the node group's variables for this node, already checked
+            (callers placing many processes look them up once per node).
 
     Raises:
         PlacementError: a node group's ``env_vars`` set a key placectl owns.
     """
     var = visible_devices_variable(spec.accelerator)
-    env, _ = group_env(spec, placement.node_group, placement.node_rank)
-    check_user_env(env, "node group env_vars")
+    if node_group_env is None:
+        env, _ = group_env(spec, placement.node_group, placement.node_rank)
+        check_user_env(env, "node group env_vars")
+    else:
+        env = dict(node_group_env)
     by_ray = ray_sets_devices(placement, engine)
     devices = (
         placement.cuda_visible_devices[:1] if engine == VLLM else placement.cuda_visible_devices

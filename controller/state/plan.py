@@ -104,8 +104,8 @@ def _bundles_of_node(plan: JobPlan, spec: ClusterSpec) -> dict[int, dict[BundleK
                 for g in p.local_resource_ranks:
                     bundles[(ACCELERATOR, "", g)] = dict(accel)
                 continue
-            for g in p.cuda_visible_devices:  # seen, held, not requested
-                bundles.setdefault((ACCELERATOR, "", g), dict(accel))
+            for g in p.cuda_visible_devices:  # seen and held, not used: no CPU of its own
+                bundles.setdefault((ACCELERATOR, "", g), {spec.accelerator: 1.0})
             if p.kind == HARDWARE:
                 for u in p.local_resource_ranks:
                     bundles[(HARDWARE, p.hardware, u)] = {p.hardware: 1.0, "CPU": cpu}

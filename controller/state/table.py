@@ -8,7 +8,8 @@ and a colon (``placectl:res/grpo``); below, keys are shown without it:
 ``meta``           ``{"format": 2}``: the layout of the keys below
 ``res/<job>``      the :class:`ReservationRecord`
 ``plan/<job>``     the :class:`StoredPlan` (the controller's own copy of the plan)
-``asg/<job>``      the :class:`Published` assignments of the record's epoch
+``asg/<job>/<c>``  component ``c``'s assignments of the record's epoch
+                   (:class:`~controller.state.published.ComponentBlock`)
 ``epoch/<job>``    the last epoch the job name used (kept after release)
 =================  =========================================================
 
@@ -29,9 +30,9 @@ from controller.errors import PlacementError, TableUnreadable
 from controller.planning.cluster import ClusterView
 from controller.planning.components import ComponentPlacement
 from controller.planning.spec import ClusterSpec
-from controller.state.assignments import Published, publish
 from controller.state.plan import JobPlan
 from controller.state.ports import PortLease
+from controller.state.published import Published, publish
 from controller.state.records import SCHEMA_VERSION, ReservationRecord, SlotRecord
 
 FORMAT = 2
@@ -65,6 +66,15 @@ def key(prefix: bytes, job: str) -> bytes:
     return prefix + job.encode()
 
 
+def component_key(job: str, component: str) -> bytes:
+    """The key of one component's assignments (names hold no '/')."""
+    return ASSIGNMENTS + f"{job}/{component}".encode()
+
+
+class _Head(msgspec.Struct):
+    v: int = 0
+
+
 def job_of(k: bytes, prefix: bytes) -> str:
     return k[len(prefix) :].decode()
 
@@ -86,12 +96,13 @@ def encode(value: Any) -> bytes:
 def decode(data: bytes, typ: type[T], what: str) -> T:
     """Decode a versioned record; newer versions and undecodable bytes raise
     :class:`TableUnreadable` naming ``what`` and why."""
-    try:
-        head = msgspec.msgpack.decode(data)
+    try:  # the version alone: decoding skips the rest without building it
+        version = msgspec.msgpack.decode(data, type=_Head).v
+    except msgspec.ValidationError:
+        version = 0  # not a mapping: the typed decode below says what is wrong
     except msgspec.DecodeError as e:
         raise TableUnreadable(f"{what} is not valid msgpack ({e})") from None
-    version = head.get("v") if isinstance(head, dict) else None
-    if isinstance(version, int) and version > SCHEMA_VERSION:
+    if version > SCHEMA_VERSION:
         raise TableUnreadable(
             f"{what} has schema version {version}, written by a newer placectl; this one "
             f"reads up to {SCHEMA_VERSION}"

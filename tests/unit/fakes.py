@@ -11,10 +11,10 @@ from controller.runtime.controller import PlacementController
 from controller.runtime.fake import FakeCluster
 from controller.runtime.io import REMOVED
 from controller.runtime.settings import FAST, Settings
-from controller.state.assignments import Assignment, Published
+from controller.state.assignments import Assignment
 from controller.state.records import ReservationRecord
 from controller.state.status import ReservationInfo
-from controller.state.table import ASSIGNMENTS, RECORD, key
+from controller.state.table import RECORD, key
 
 
 def cluster(gpu_nodes: int = 3, gpus: int = 4, **node) -> FakeCluster:
@@ -54,9 +54,29 @@ def stored(fake: FakeCluster, job: str) -> ReservationRecord | None:
     return None if data is None else msgspec.msgpack.decode(data, type=ReservationRecord)
 
 
-def published(fake: FakeCluster, job: str) -> Published | None:
-    data = fake.kv.get(key(ASSIGNMENTS, job))
-    return None if data is None else msgspec.msgpack.decode(data, type=Published)
+class _Blocks:
+    """The stored assignments of a job, component by component."""
+
+    def __init__(self, components: dict[str, list[Assignment]], uid: str, epoch: int):
+        self.components, self.uid, self.epoch = components, uid, epoch
+
+
+def published(fake: FakeCluster, job: str) -> _Blocks | None:
+    """A job's stored assignments, expanded as a driver expands them."""
+    from controller.state.published import ComponentBlock
+    from controller.state.table import component_key
+
+    record = stored(fake, job)
+    if record is None:
+        return None
+    blocks = {}
+    for c in record.world_sizes:
+        data = fake.kv.get(component_key(job, c))
+        if data is None:
+            return None
+        blocks[c] = msgspec.msgpack.decode(data, type=ComponentBlock)
+    first = next(iter(blocks.values()))
+    return _Blocks({c: b.assignments() for c, b in blocks.items()}, first.uid, first.epoch)
 
 
 def live_groups(fake: FakeCluster) -> set[str]:

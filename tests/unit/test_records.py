@@ -321,8 +321,8 @@ def test_format_1_table_written_by_placectl_0_1_migrates_without_moving_anything
     assert sorted(grpo.record.nodes) == [0, 1, 2]
     assert sorted(migrated["small"].record.nodes) == [1]  # only the nodes it uses
     for job, m in migrated.items():
-        for name, items in m.published.components.items():
-            for new, was in zip(items, old[job][name], strict=True):
+        for name, block in m.published.components.items():
+            for new, was in zip(block.assignments(), old[job][name], strict=True):
                 new = msgspec.to_builtins(new)
                 for k in ("placement_group_id", "bundle_index", "capture_child_tasks"):
                     assert new[k] == was[k], (job, name, k)
