@@ -283,3 +283,49 @@ def test_two_drivers_starting_the_controller_at_once_get_one(cluster):
     ]
     assert len(named) == 1
     ray.kill(ray.get_actor("placectl-race", namespace="placectl"), no_restart=True)
+
+
+@ray.remote(num_cpus=0, max_calls=0)
+def _bundle_gpus():
+    return sorted(int(i) for i in ray.get_runtime_context().get_accelerator_ids()["GPU"])
+
+
+@ray.remote
+class _Seer:
+    def visible(self):
+        import os
+
+        return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_a_node_process_sees_its_nodes_gpus_and_the_job_holds_them(ctl):
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    conf = {
+        "num_nodes": 3,
+        "node_groups": [{"label": "n2", "node_ranks": 2, "ignore_hardware": True}],
+        "component_placement": {"svc": {"node_group": "n2", "placement": "0"}},
+    }
+    res = ctl.reserve("seer", conf, timeout_s=60)
+    (a,) = res.assignments("svc")
+    seer = _Seer.options(**a.actor_options()).remote()
+    (slot,) = res.info.slots
+    # Ray's own ids of the node's accelerators, probed in the job's bundles
+    ids = [
+        ray.get(
+            _bundle_gpus.options(
+                num_gpus=0.0001,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    group_handle(slot.group_id), placement_group_bundle_index=i
+                ),
+            ).remote()
+        )[0]
+        for i in range(len(slot.accelerators))
+    ]
+    assert len(ids) == 4
+    assert [int(d) for d in ray.get(seer.visible.remote()).split(",")] == sorted(ids)
+    assert a.num_gpus == 0 and a.placement.local_gpu_id == -1
+    # nothing the process is shown can be taken by another job
+    with pytest.raises(ReservationTimeout, match=r"free CPU .*GPU 0"):
+        ctl.reserve("thief", one_node("4-4"), timeout_s=2, progress=lambda m: None)
+    ray.kill(seer)

@@ -427,28 +427,3 @@ def test_launch_timeout_kills_what_it_started(ctl):
     assert time.monotonic() - started < 30
     first.shutdown()
     ctl.release("hog")
-
-
-def test_a_node_process_sees_its_nodes_gpus_and_the_job_holds_them(ctl):
-    conf = {
-        "num_nodes": 1 + GPU_NODES,
-        "node_groups": [{"label": "n2", "node_ranks": 2, "ignore_hardware": True}],
-        "component_placement": {"svc": {"node_group": "n2", "placement": "0"}},
-    }
-    res = ctl.reserve("seer", conf, timeout_s=60)
-    group = clients.WorkerGroup.launch(res, "svc", Worker)
-    try:
-        (a,) = res.assignments("svc")
-        (env,) = group.execute("environ")
-        (slot,) = res.info.slots
-        # Ray's own ids of the node's accelerators, probed in the job's bundles
-        ids = sorted(bundle_ids(slot.group_id, i)[0] for i in range(len(slot.accelerators)))
-        assert len(ids) == 4
-        assert [int(d) for d in env["CUDA_VISIBLE_DEVICES"].split(",")] == ids
-        assert a.num_gpus == 0 and a.placement.local_gpu_id == -1
-        # nothing the process is shown can be taken by another job
-        with pytest.raises(clients.ReservationTimeout, match=r"free CPU .*GPU 0"):
-            ctl.reserve("thief", one_node("4-4"), timeout_s=2, progress=lambda m: None)
-    finally:
-        group.shutdown()
-        ctl.release("seer")
