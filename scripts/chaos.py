@@ -108,7 +108,7 @@ class Chaos:
             if self.rng.random() < 0.5 and len(nodes) > 2:
                 self.faults["node removed while the controller restarts"] += 1
                 victim = self.rng.choice(nodes)
-                self.cluster.remove_node(victim)
+                self.remove(victim)
                 return f"FAULT kill controller, then remove node {victim.node_id[:8]}"
             return "FAULT kill controller"
         if r < 0.76:
@@ -122,7 +122,7 @@ class Chaos:
                 return "remove node: skipped (2 left)"
             victim = self.rng.choice(nodes)
             self.faults["node removed"] += 1
-            self.cluster.remove_node(victim)
+            self.remove(victim)
             return f"FAULT remove node {victim.node_id[:8]}"
         if len(self.gpu_nodes()) >= 4:
             return "add node: skipped (4 present)"
@@ -130,6 +130,17 @@ class Chaos:
         node = self.cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
         self.cluster.wait_for_nodes()
         return f"add node {node.node_id[:8]}"
+
+    def remove(self, node) -> None:
+        """Remove a node and wait until Ray itself reports it dead, so the settle check
+        that follows cannot pass on a view from before the loss."""
+        self.cluster.remove_node(node)
+
+        def gone() -> bool:
+            return not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == node.node_id)
+
+        if not self.wait(gone, 120):
+            self.violations.append(f"Ray never reported node {node.node_id[:8]} dead")
 
     def named_leases(self, job: str) -> str:
         """Four concurrent calls under one name must get one lease."""

@@ -44,6 +44,7 @@ class Reconciling:
         self._warmed: dict[str, float] = {}
         self._background: set[asyncio.Task] = set()
         self._finishing: set[str] = set()
+        self._sweeping = False  # an orphan removal runs in the background
         self.tick_stats: dict[str, float] = {}
 
     def _index(
@@ -118,10 +119,14 @@ class Reconciling:
             f", {loaded.migrated} migrated from table format 1" if loaded.migrated else "",
         )
 
-    async def _remove_orphans(self, table: dict[str, GroupInfo]) -> None:
+    def _orphans(self, table: dict[str, GroupInfo]) -> set[str]:
+        """Live groups with this controller's prefix that no record names: left by a call
+        cut short, or by a removal Ray did not confirm in time. Groups a repair is making
+        right now are not orphans."""
         names = {s.group_name for r in self._records.values() for s in r.slots}
+        names.update(n for made in self._making.values() for n in made)
         ids = {g for r in self._records.values() for g in r.group_ids()}
-        orphans = {
+        return {
             gid
             for gid, info in table.items()
             if info.name.startswith(self._prefix)
@@ -129,11 +134,22 @@ class Reconciling:
             and gid not in ids
             and info.name not in names
         }
+
+    async def _remove_orphans(self, table: dict[str, GroupInfo]) -> None:
+        orphans = self._orphans(table)
         if orphans:
             log.warning("removing %d orphaned placement groups: %s", len(orphans), sorted(orphans))
             left = await groups.remove_verified(self._io, orphans, self.settings.removal_timeout)
             if left:
                 log.warning("orphans not removed yet: %s", sorted(left))
+
+    async def _remove(self, orphans: set[str]) -> None:
+        try:
+            await self._remove_orphans(await self._io.groups(sorted(orphans)))
+        except Exception as e:
+            log.info("removing orphans: %s", e)
+        finally:
+            self._sweeping = False
 
     # ------------------------------------------------------------ ticks
     async def _tick(self) -> None:
@@ -171,6 +187,11 @@ class Reconciling:
             table = await self._io.groups(None if full else ids)
             for job in sorted(jobs):
                 await self._check(job, table)
+        if full and not self._sweeping:
+            orphans = self._orphans(await self._io.groups() if not jobs else table)
+            if orphans:
+                self._sweeping = True
+                self._spawn(self._remove(orphans))
         self._follow_up(joined)
         self._warm_nodes()
         self.tick_stats = {

@@ -27,6 +27,9 @@ class Repairing:
         self._repair_lock = asyncio.Lock()
         self._repair_tasks: dict[str, asyncio.Task] = {}
         self._repair_after: dict[str, float] = {}
+        # Names of replacement groups being made: not in the table until the new record
+        # is written, and not orphans meanwhile (a restart removes them by prefix).
+        self._making: dict[str, set[str]] = {}
 
     def _schedule_repair(self, job: str) -> None:
         if job in self._repair_tasks or time.monotonic() < self._repair_after.get(job, 0.0):
@@ -58,6 +61,7 @@ class Repairing:
                         await self._commit(new, published=publish(new, plan))
                 finally:
                     self._drop_holds(holds)
+                    self._making.pop(job, None)
                 if new is None:
                     self._repair_after[job] = time.monotonic() + self.settings.repair_retry
                     if res.repair == MANUAL and why:
@@ -150,6 +154,7 @@ class Repairing:
         ]
         created: dict[int, str] = {}
         deadline = time.monotonic() + self.settings.repair_timeout
+        self._making[res.job] = {s.group_name for s in fresh}
         try:
             fresh = await groups.create_and_wait(
                 self._io,

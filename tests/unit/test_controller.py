@@ -415,6 +415,34 @@ def test_orphans_are_removed_on_recovery_and_foreign_groups_kept():
     run(go())
 
 
+def test_a_running_controller_sweeps_orphans_but_not_groups_a_repair_is_making():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        await ctl.reserve("j", spec("0-3"), 5)
+        node = fake.alive()[1]
+        # A removal Ray never confirmed leaves a group no record names; no restart comes.
+        orphan = await fake.create_group("placectl:placectl:ghost:abc:0", [{"CPU": 0.1}], node)
+        await until(lambda: orphan not in live_groups(fake))
+        # A slow replacement: its new group lives for a while before the record names it.
+        fake.create_delay = 0.5
+        made_during = set()
+
+        def watch():
+            extra = live_groups(fake) - table_groups(fake)
+            made_during.update(extra)
+            r = stored(fake, "j")
+            return r.epoch == 2 and r.state == "ready" and r
+
+        fake.kill_node(stored(fake, "j").slots[0].node_id)
+        rec = await until(watch)
+        assert made_during & rec.group_ids(), "the repair's group was never seen unrecorded"
+        assert live_groups(fake) >= rec.group_ids()
+        await ctl.stop()
+
+    run(go())
+
+
 def test_bad_input_never_changes_state():
     async def go():
         fake = cluster()
