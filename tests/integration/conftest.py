@@ -11,8 +11,10 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.placement_group import placement_group_table  # noqa: E402
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
 import clients  # noqa: E402
+from controller.runtime.ray_io import group_handle  # noqa: E402
 
 GPU_NODES = 2
 GPUS_PER_NODE = 4
@@ -91,3 +93,21 @@ def restart_controller(ctl) -> None:
         return health["incarnation"] != before and health["recovered"]
 
     wait_for(restarted, timeout=60)
+
+
+@ray.remote(num_cpus=0, max_calls=0)
+def ray_ids():
+    """What Ray gives a task in a bundle: its accelerator ids (no placectl env here)."""
+    return sorted(int(i) for i in ray.get_runtime_context().get_accelerator_ids()["GPU"])
+
+
+def bundle_ids(group_id: str, bundle_index: int) -> list[int]:
+    """Ask Ray, from the driver, which device a bundle holds."""
+    return ray.get(
+        ray_ids.options(
+            num_gpus=0.0001,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group_handle(group_id), placement_group_bundle_index=bundle_index
+            ),
+        ).remote()
+    )

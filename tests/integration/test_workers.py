@@ -17,8 +17,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import clients
 from controller import PlacementError
-from controller.runtime.ray_io import group_handle
-from tests.integration.conftest import GPU_NODES, one_node
+from tests.integration.conftest import GPU_NODES, bundle_ids, one_node
 
 COLOCATED = {
     "num_nodes": 1 + GPU_NODES,
@@ -28,24 +27,6 @@ COLOCATED = {
         "probe": {"placement": "0-3:0-1", "isolate": False, "accelerator_share": 0.1},
     },
 }
-
-
-@ray.remote(num_cpus=0, max_calls=0)
-def ray_ids():
-    """What Ray gives a task in a bundle: its accelerator ids (no placectl env here)."""
-    return sorted(int(i) for i in ray.get_runtime_context().get_accelerator_ids()["GPU"])
-
-
-def bundle_ids(group_id: str, bundle_index: int) -> list[int]:
-    """Ask Ray, from the driver, which device a bundle holds."""
-    return ray.get(
-        ray_ids.options(
-            num_gpus=0.0001,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                group_handle(group_id), placement_group_bundle_index=bundle_index
-            ),
-        ).remote()
-    )
 
 
 @ray.remote(num_cpus=0)

@@ -1,0 +1,362 @@
+"""verl on placectl: verl worker groups whose rank r runs where placectl placed rank r.
+
+Written against verl 0.9.1 (``VERL_VERSION``); imported only when used, and verl is not a
+dependency of placectl. Everything verl offers on a worker group keeps working: its
+``Worker`` base class and environment, ``@register`` dispatch modes,
+``execute_all_sync``, colocation through ``create_colocated_worker_cls`` and
+``spawn``, ``from_detached``. What changes is where and how each worker starts: in its
+placectl bundle, with its placectl share and devices, and the master address and port
+placectl leased, instead of verl's own placement groups (ordered by IP as a string) and
+a port picked with ``bind(("", 0))``.
+
+What this module relies on in verl, and what breaks if verl changes it:
+
+* ``RayWorkerGroup._init_with_resource_pool`` is the hook overridden to start the
+  workers, and ``_workers``, ``_worker_names``, ``_world_size``, ``_master_addr``,
+  ``_master_port``, ``name_prefix`` the state it fills in;
+* ``RayClassWithInitArgs.cls``, ``.args``, ``.kwargs``, ``._options`` are read to start
+  a worker (its ``__call__``, which chooses a bundle itself, is not used);
+* verl's ``Worker`` reads ``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR``, ``MASTER_PORT``,
+  ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``WG_PREFIX``, ``WG_BACKEND``,
+  ``RAY_LOCAL_WORLD_SIZE``, and treats a true ``RAY_EXPERIMENTAL_NOSET_*`` as "every GPU
+  of the node is visible" (placectl leaves it empty for the single-GPU processes verl
+  uses, so verl takes ``LOCAL_RANK`` from the environment: 0).
+
+Trainers built on ``ResourcePoolManager`` (``RayPPOTrainer``) take a
+:class:`PlacectlResourcePoolManager` and ``ray_worker_group_cls=PlacectlWorkerGroup``;
+verl's own ``RayWorkerGroup`` would ignore the placement, so a placectl pool refuses to
+hand it placement groups.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+import ray
+
+from clients.workers import WORKER_NAMESPACE, options_for
+from controller.errors import PlacementError
+from controller.state.assignments import Assignment
+
+VERL_VERSION = "0.9.1"
+
+try:
+    import verl
+    from verl.single_controller.ray.base import (
+        RayClassWithInitArgs,
+        RayResourcePool,
+        RayWorkerGroup,
+        ResourcePoolManager,
+        create_colocated_worker_cls,
+    )
+except ImportError as e:  # pragma: no cover - exercised only without verl
+    raise PlacementError(
+        f"the verl integration needs verl (written against {VERL_VERSION}): "
+        f"pip install verl=={VERL_VERSION} ({e})"
+    ) from None
+
+if getattr(verl, "__version__", "") != VERL_VERSION:
+    warnings.warn(
+        f"placectl's verl integration was written against verl {VERL_VERSION}, this is "
+        f"{getattr(verl, '__version__', 'unknown')}; see the module docstring for what it "
+        "relies on",
+        stacklevel=2,
+    )
+
+
+class PlacectlResourcePool(RayResourcePool):
+    """A verl resource pool made of one component of a placectl reservation.
+
+    ``world_size``, ``store`` (processes per node) and ``local_world_size_list`` are
+    placectl's; placement groups are the reservation's and nobody creates others.
+
+    Args:
+        reservation: a :class:`clients.Reservation`.
+        component: the component whose ranks become verl's ranks.
+        assignments: the assignments to use (default: the component's).
+        name_prefix: verl's name prefix for the workers.
+        detached: start the workers detached (named, re-attachable with :func:`attach`).
+    """
+
+    def __init__(
+        self,
+        reservation: Any,
+        component: str,
+        assignments: list[Assignment] | None = None,
+        name_prefix: str | None = None,
+        detached: bool = False,
+    ) -> None:
+        assignments = assignments if assignments is not None else reservation.assignments(component)
+        super().__init__(
+            process_on_nodes=_process_on_nodes(assignments),
+            use_gpu=any(a.placement.local_gpu_id >= 0 for a in assignments),
+            name_prefix=name_prefix or f"{reservation.job}.{component}.",
+            max_colocate_count=1,
+            detached=detached,
+        )
+        self.reservation = reservation
+        self.component = component
+        self.assignments = assignments
+
+    def get_placement_groups(self, *args: Any, **kwargs: Any):
+        raise PlacementError(
+            f"the placectl pool of {self.reservation.job}/{self.component} places each rank "
+            "itself: create the worker group with "
+            "clients.integrations.verl.PlacectlWorkerGroup (ray_worker_group_cls=...)"
+        )
+
+
+def _process_on_nodes(assignments: list[Assignment]) -> list[int]:
+    """verl's ``process_on_nodes``: processes per node, in the order of NODE_RANK."""
+    counts: dict[int, int] = {}
+    for a in assignments:
+        n = a.placement.placement_node_rank
+        counts[n] = counts.get(n, 0) + 1
+    return [counts[n] for n in sorted(counts)]
+
+
+class PlacectlResourcePoolManager(ResourcePoolManager):
+    """verl's ``ResourcePoolManager`` whose pools are components of a reservation, for
+    trainers such as ``RayPPOTrainer`` (with ``ray_worker_group_cls=PlacectlWorkerGroup``).
+
+    verl starts one process per rank and pool, hosting every role mapped to the pool, so
+    a pool is one placectl component: ``actor_rollout_ref: all`` in the configuration,
+    ``pools={"global_pool": "actor_rollout_ref"}`` here. Unlike verl's own manager it
+    checks no free GPUs: the reservation already holds them.
+
+    Args:
+        reservation: a :class:`clients.Reservation`.
+        pools: verl pool name -> the component whose ranks it holds.
+        mapping: verl role -> pool name, as for verl's own manager.
+
+    Raises:
+        PlacementError: a pool names no component of the reservation, or a role maps to
+            no pool.
+    """
+
+    def __init__(self, reservation: Any, pools: Mapping[str, str], mapping: Mapping) -> None:
+        known = set(reservation.components)
+        for pool, component in pools.items():
+            if component not in known:
+                raise PlacementError(
+                    f"pool {pool!r}: no component {component!r} in reservation "
+                    f"{reservation.job!r} (components: {', '.join(sorted(known))})"
+                )
+        for role, pool in mapping.items():
+            if pool not in pools:
+                raise PlacementError(
+                    f"role {role} maps to pool {pool!r}, which is not one of the pools "
+                    f"({', '.join(sorted(pools))})"
+                )
+        super().__init__(
+            resource_pool_spec={
+                name: _process_on_nodes(reservation.assignments(component))
+                for name, component in pools.items()
+            },
+            mapping=dict(mapping),
+            max_colocate_count=1,
+        )
+        self.reservation = reservation
+        self.pools = dict(pools)
+
+    def create_resource_pool(self) -> None:
+        for name, component in self.pools.items():
+            self.resource_pool_dict[name] = PlacectlResourcePool(
+                self.reservation, component, name_prefix=name
+            )
+
+
+def _verl_env(a: Assignment, prefix: str) -> dict[str, str]:
+    """The variables verl's RayWorkerGroup gives each worker, with placectl's values."""
+    return {
+        "WG_PREFIX": prefix,
+        "WG_BACKEND": "ray",
+        "RAY_LOCAL_WORLD_SIZE": a.env["NODE_LOCAL_WORLD_SIZE"],
+    }
+
+
+class PlacectlWorkerGroup(RayWorkerGroup):
+    """verl's ``RayWorkerGroup``, started on a :class:`PlacectlResourcePool`: rank r in
+    placectl's rank r's bundle, with its share, devices and environment. On any other
+    pool it behaves exactly as verl's own class."""
+
+    def _init_with_resource_pool(
+        self, resource_pool, ray_cls_with_init, bin_pack, detached, worker_env=None
+    ):
+        if not isinstance(resource_pool, PlacectlResourcePool):
+            return super()._init_with_resource_pool(
+                resource_pool, ray_cls_with_init, bin_pack, detached, worker_env
+            )
+        self.resource_pool = resource_pool
+        assignments = resource_pool.assignments
+        self._world_size = len(assignments)
+        first = assignments[0].env
+        self._master_addr, self._master_port = first["MASTER_ADDR"], first.get("MASTER_PORT")
+        controller = resource_pool.reservation.controller.name
+        cls_name = getattr(ray_cls_with_init.cls, "__ray_metadata__", None)
+        cls_name = cls_name.class_name if cls_name is not None else "Worker"
+        extra = dict(getattr(ray_cls_with_init, "_options", {}) or {})
+        extra.pop("name", None)
+        for a in assignments:
+            options = options_for(a, controller, dict(worker_env or {}), extra)
+            options["runtime_env"]["env_vars"].update(_verl_env(a, self.name_prefix))
+            name = (
+                f"{self.name_prefix}{cls_name}_{a.placement.placement_node_rank}:"
+                f"{a.placement.local_rank}"
+            )
+            options["name"] = name
+            if detached or resource_pool.detached:
+                options.update(lifetime="detached", namespace=WORKER_NAMESPACE)
+            worker = ray_cls_with_init.cls.options(**options).remote(
+                *ray_cls_with_init.args, **ray_cls_with_init.kwargs
+            )
+            self._workers.append(worker)
+            self._worker_names.append(name)
+        return None
+
+
+def resource_pool(
+    reservation: Any, component: str, name_prefix: str | None = None, detached: bool = False
+) -> PlacectlResourcePool:
+    """A verl resource pool of ``component``'s ranks, for trainer code built on
+    ``ResourcePoolManager`` (with ``ray_worker_group_cls=PlacectlWorkerGroup``)."""
+    return PlacectlResourcePool(reservation, component, name_prefix=name_prefix, detached=detached)
+
+
+def worker_group(
+    reservation: Any,
+    component: str,
+    ray_cls_with_init: RayClassWithInitArgs,
+    *,
+    name_prefix: str | None = None,
+    detached: bool = False,
+    **kwargs: Any,
+) -> PlacectlWorkerGroup:
+    """A verl worker group of ``component``: verl's rank r runs in placectl's rank r.
+
+    Args:
+        reservation: a :class:`clients.Reservation`.
+        component: the component to start.
+        ray_cls_with_init: verl's ``RayClassWithInitArgs`` of a ``ray.remote`` verl
+            ``Worker`` subclass (or of ``create_colocated_worker_cls(...)``).
+        name_prefix: verl's worker name prefix (default ``<job>.<component>.``).
+        detached: start the workers detached, re-attachable with :func:`attach`.
+        **kwargs: passed to verl's ``RayWorkerGroup`` (``worker_env``, ...).
+    """
+    pool = PlacectlResourcePool(reservation, component, name_prefix=name_prefix, detached=detached)
+    return PlacectlWorkerGroup(
+        resource_pool=pool,
+        ray_cls_with_init=ray_cls_with_init,
+        name_prefix=pool.name_prefix,
+        detached=detached,
+        **kwargs,
+    )
+
+
+def colocated_worker_group(
+    reservation: Any,
+    roles: Mapping[str, RayClassWithInitArgs],
+    *,
+    name_prefix: str | None = None,
+    detached: bool = False,
+    **kwargs: Any,
+) -> PlacectlWorkerGroup:
+    """One verl worker group hosting several colocated roles in one process per rank,
+    through verl's ``create_colocated_worker_cls``; split it with ``.spawn(roles)``.
+
+    The roles are components of the reservation placed on the same devices rank by
+    rank (``actor,rollout,ref: all``); each process asks for the sum of their shares, so
+    placectl's accounting of the accelerator still holds.
+
+    Raises:
+        PlacementError: a role that is not a component, or roles placed differently.
+    """
+    names = list(roles)
+    if not names:
+        raise PlacementError("colocated_worker_group needs at least one role")
+    per_role = {n: reservation.assignments(n) for n in names}
+    first = per_role[names[0]]
+    for n in names[1:]:
+        mine = per_role[n]
+        same = len(mine) == len(first) and all(
+            (a.placement.node_id, a.placement.cuda_visible_devices)
+            == (b.placement.node_id, b.placement.cuda_visible_devices)
+            for a, b in zip(first, mine, strict=True)
+        )
+        if not same:
+            raise PlacementError(
+                f"roles {names[0]!r} and {n!r} are not placed on the same devices rank by "
+                "rank; colocate them under one key (e.g. 'actor,rollout,ref: all')"
+            )
+    fused_assignments = [
+        msgspec.structs.replace(
+            a,
+            num_gpus=round(sum(per_role[n][r].num_gpus for n in names), 4),
+            num_cpus=round(sum(per_role[n][r].num_cpus for n in names), 4),
+        )
+        for r, a in enumerate(first)
+    ]
+    pool = PlacectlResourcePool(
+        reservation,
+        names[0],
+        assignments=fused_assignments,
+        name_prefix=name_prefix or f"{reservation.job}.{'+'.join(names)}.",
+        detached=detached,
+    )
+    return PlacectlWorkerGroup(
+        resource_pool=pool,
+        ray_cls_with_init=create_colocated_worker_cls(dict(roles)),
+        name_prefix=pool.name_prefix,
+        detached=detached,
+        **kwargs,
+    )
+
+
+def attach(
+    reservation: Any,
+    component: str,
+    ray_cls_with_init: RayClassWithInitArgs,
+    *,
+    name_prefix: str | None = None,
+) -> PlacectlWorkerGroup:
+    """The running detached verl workers of ``component`` (started with
+    ``detached=True``), from a restarted driver, as a verl worker group.
+
+    Raises:
+        PlacementError: a worker is not running.
+    """
+    prefix = name_prefix or f"{reservation.job}.{component}."
+    cls_name = getattr(ray_cls_with_init.cls, "__ray_metadata__", None)
+    cls_name = cls_name.class_name if cls_name is not None else "Worker"
+    names, handles = [], []
+    for a in reservation.assignments(component):
+        name = f"{prefix}{cls_name}_{a.placement.placement_node_rank}:{a.placement.local_rank}"
+        try:
+            handles.append(ray.get_actor(name, namespace=WORKER_NAMESPACE))
+        except ValueError:
+            raise PlacementError(
+                f"no running verl worker {name!r} (namespace {WORKER_NAMESPACE!r}); start the "
+                "group with detached=True first"
+            ) from None
+        names.append(name)
+    return PlacectlWorkerGroup.from_detached(
+        name_prefix=prefix,
+        worker_names=names,
+        worker_handles=handles,
+        ray_cls_with_init=ray_cls_with_init,
+    )
+
+
+__all__ = [
+    "VERL_VERSION",
+    "PlacectlResourcePool",
+    "PlacectlResourcePoolManager",
+    "PlacectlWorkerGroup",
+    "attach",
+    "colocated_worker_group",
+    "resource_pool",
+    "worker_group",
+]

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""verl's own worker group against verl on placectl, side by side in one run.
+
+A local cluster (a head and two raylets with 4 fake GPUs each) starts the same verl
+``Worker`` subclass, one process per GPU, 8 ranks, in alternating trials:
+
+* ``verl``: verl's ``RayWorkerGroup`` on its own ``RayResourcePool`` (it creates one
+  placement group per node, then the workers), timed to every worker answering;
+* ``placectl``: ``clients.integrations.verl.worker_group`` on a placectl reservation
+  made beforehand, timed the same way; ``reserve + launch`` adds the reservation.
+
+Then a driver restart, timed in a fresh driver process from ``ray.init`` to every worker
+answering: verl starts over (placement groups and workers); placectl re-attaches to the
+reservation and its detached workers, or re-launches workers into the kept reservation.
+
+Usage: scripts/bench_verl.py [--trials 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+
+import ray
+from ray.cluster_utils import Cluster
+from ray.util.placement_group import remove_placement_group
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+import clients
+from clients.integrations import verl as pverl
+from clients.integrations.verl import VERL_VERSION
+from clients.workers import WORKER_NAMESPACE
+
+GPUS, NODES = 4, 2
+SPEC = {"num_nodes": 1 + NODES, "component_placement": {"actor": f"0-{GPUS * NODES - 1}"}}
+
+
+class BenchWorker(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def ready(self):
+        return self.rank
+
+
+def cls() -> RayClassWithInitArgs:
+    return RayClassWithInitArgs(cls=ray.remote(BenchWorker))
+
+
+def stop(wg) -> None:
+    for w in wg.workers:
+        ray.kill(w)
+
+
+def verl_own() -> float:
+    started = time.perf_counter()
+    pool = RayResourcePool(process_on_nodes=[GPUS] * NODES, use_gpu=True, max_colocate_count=1)
+    wg = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls())
+    assert wg.ready() == list(range(GPUS * NODES))
+    took = time.perf_counter() - started
+    stop(wg)
+    for pg in pool.pgs:
+        remove_placement_group(pg)
+    return took
+
+
+def on_placectl(ctl) -> tuple[float, float]:
+    started = time.perf_counter()
+    res = ctl.reserve("bench-verl", SPEC, timeout_s=300)
+    reserved = time.perf_counter()
+    wg = pverl.worker_group(res, "actor", cls())
+    assert wg.ready() == list(range(GPUS * NODES))
+    done = time.perf_counter()
+    stop(wg)
+    ctl.release("bench-verl")
+    return done - reserved, done - started
+
+
+RESTART = """
+import json, sys, time
+started = time.perf_counter()
+import ray, clients
+from clients.integrations import verl as pverl
+from scripts.bench_verl import GPUS, NODES, cls
+from verl.single_controller.ray.base import RayResourcePool, RayWorkerGroup
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+mode = sys.argv[2]
+if mode == "verl":
+    pool = RayResourcePool(process_on_nodes=[GPUS] * NODES, use_gpu=True, max_colocate_count=1)
+    wg = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls())
+else:
+    res = clients.connect().reservation("bench-verl")
+    if mode == "attach":
+        wg = pverl.attach(res, "actor", cls())
+    else:
+        wg = pverl.worker_group(res, "actor", cls(), detached=True)
+assert wg.ready() == list(range(GPUS * NODES))
+print(json.dumps({"s": time.perf_counter() - started, "names": wg.worker_names}))
+"""
+
+
+def restarted_driver(address: str, mode: str) -> tuple[float, list[str]]:
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(RESTART), address, mode],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return got["s"], got["names"]
+
+
+def wait_all_free(timeout: float = 120.0) -> None:
+    """Until every GPU is free again (a dead driver's groups go asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while ray.available_resources().get("GPU", 0) < GPUS * NODES:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"GPUs still held after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def kill_named(names: list[str], namespace: str | None = None) -> None:
+    for n in names:
+        with contextlib.suppress(ValueError):
+            ray.kill(ray.get_actor(n, namespace=namespace))
+
+
+def line(label: str, samples: list[float], base: float | None = None) -> str:
+    med = statistics.median(samples)
+    ratio = f"  ({med / base:.2f}x verl)" if base else ""
+    each = " ".join(f"{s:.1f}" for s in samples)
+    return f"  {label:<34} median {med:6.1f} s{ratio}   samples {each}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=3)
+    args = ap.parse_args()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+    for _ in range(NODES):
+        cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+    ctl = clients.connect()
+    print(f"{NODES} nodes x {GPUS} fake GPUs, {NODES * GPUS} verl workers, verl {VERL_VERSION}")
+    try:
+        own, launch, total = [], [], []
+        for t in range(args.trials):
+            # alternate which side goes first, so neither always gets the warmer cluster
+            if t % 2 == 0:
+                own.append(verl_own())
+                a, b = on_placectl(ctl)
+            else:
+                a, b = on_placectl(ctl)
+                own.append(verl_own())
+            launch.append(a)
+            total.append(b)
+            print(f"  trial {t + 1}: verl {own[-1]:.1f} s, placectl {a:.1f} s (+reserve {b:.1f} s)")
+        base = statistics.median(own)
+        print("launch to all ready")
+        print(line("verl RayWorkerGroup + own pool", own))
+        print(line("placectl worker_group", launch, base))
+        print(line("placectl reserve + worker_group", total, base))
+
+        print("driver restart, fresh driver process to all ready")
+        verl_restart, attach, relaunch = [], [], []
+        for _ in range(args.trials):
+            # verl's groups and workers end with its driver: the next one starts over
+            verl_restart.append(restarted_driver(cluster.address, "verl")[0])
+            wait_all_free()
+            # placectl's reservation outlives drivers: launch detached workers into it,
+            # then a later driver re-attaches to them
+            ctl.reserve("bench-verl", SPEC, timeout_s=300)
+            s, names = restarted_driver(cluster.address, "relaunch")
+            relaunch.append(s)
+            attach.append(restarted_driver(cluster.address, "attach")[0])
+            kill_named(names, WORKER_NAMESPACE)
+            ctl.release("bench-verl")
+            wait_all_free()
+        base = statistics.median(verl_restart)
+        print(line("verl: new groups + workers", verl_restart))
+        print(line("placectl: relaunch into reservation", relaunch, base))
+        print(line("placectl: re-attach detached workers", attach, base))
+    finally:
+        ctl.release_all()
+        ray.shutdown()
+        cluster.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
