@@ -40,6 +40,11 @@ from controller.state.table import (
 DEFAULT_NAME = "placectl"
 DEFAULT_NAMESPACE = "placectl"
 HEAD_RESOURCE = "node:__internal_head__"
+# Ray before 2.60 kills, at its first task, a process whose visible devices are set from
+# its runtime environment and are fewer than the node's (an IndexError in Ray's
+# get_accelerator_ids): every placectl process that holds several accelerators.
+# scripts/check_ray.py shows it.
+MIN_RAY = (2, 60)
 _INFO = msgspec.msgpack.Decoder(ReservationInfo)
 _INFOS = msgspec.msgpack.Decoder(list[ReservationInfo])
 _BLOCK = msgspec.msgpack.Decoder(ComponentBlock)
@@ -54,6 +59,19 @@ def _unwrap(fn: Callable[[], Any]) -> Any:
         if isinstance(cause, PlacementError):
             raise cause from None
         raise
+
+
+def check_ray_version(version: str) -> None:
+    """Raise PlacementError if ``version`` of Ray is older than placectl needs."""
+    try:
+        found = tuple(int(p) for p in version.split(".")[:2])
+    except ValueError:
+        return  # a development build: nothing to compare
+    if found < MIN_RAY:
+        raise PlacementError(
+            f"placectl needs Ray >= {MIN_RAY[0]}.{MIN_RAY[1]}, this is Ray {version}: "
+            'pip install "ray[default]>=2.60"'
+        )
 
 
 def connect(
@@ -79,6 +97,7 @@ def connect(
     Raises:
         PlacementError: no controller exists and ``start`` is False.
     """
+    check_ray_version(ray.__version__)
     if not ray.is_initialized():
         ray.init(address=address)
     try:

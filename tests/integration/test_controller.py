@@ -285,6 +285,47 @@ def test_two_drivers_starting_the_controller_at_once_get_one(cluster):
     ray.kill(ray.get_actor("placectl-race", namespace="placectl"), no_restart=True)
 
 
+def test_connect_leaves_the_callers_ray_settings_alone(cluster, ctl):
+    """A driver in its own namespace, with worker logs on (Ray's default), connects and
+    uses a reservation: its namespace and its logs are as it set them."""
+    ctl.reserve("manners", one_node("0-1"), 120)
+    script = textwrap.dedent(
+        f"""
+        import io, sys, time
+        import ray, clients
+
+        class Tee(io.TextIOBase):  # Ray prints worker logs to sys.stdout as it is then
+            def __init__(self, inner):
+                self.inner, self.seen = inner, []
+            def write(self, text):
+                self.seen.append(text)
+                return self.inner.write(text)
+            def flush(self):
+                self.inner.flush()
+
+        sys.stdout = tee = Tee(sys.stdout)
+        ray.init(address={cluster.address!r}, namespace="team-a", logging_level="ERROR")
+        ctl = clients.connect()
+        res = ctl.reservation("manners")
+        print("namespace", ray.get_runtime_context().namespace, len(res.assignments("actor")))
+
+        @ray.remote(num_cpus=0)
+        def hello():
+            print("hello-from-a-worker", flush=True)
+
+        ray.get(hello.remote())
+        deadline = time.monotonic() + 60  # worker logs reach the driver asynchronously
+        while "hello-from-a-worker" not in "".join(tee.seen) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "namespace team-a 2" in out.stdout
+    assert "hello-from-a-worker" in out.stdout
+
+
 @ray.remote(num_cpus=0, max_calls=0)
 def _bundle_gpus():
     return sorted(int(i) for i in ray.get_runtime_context().get_accelerator_ids()["GPU"])

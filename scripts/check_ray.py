@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Does this Ray keep placectl's contract? Two behaviours of Ray placectl relies on, tried
+on a local cluster (a head and two raylets with 4 fake GPUs each):
+
+* pinning: a placement group whose bundles carry the label selector
+  ``ray.io/node-id`` is placed on that node even when another node has room first;
+* several devices per process: a process that holds two GPUs of its node through two
+  bundles, and whose visible-devices variable placectl sets from the runtime environment
+  (``CUDA_VISIBLE_DEVICES=2,3``), starts and runs a task. Ray before 2.60 maps each
+  device slot through that list and fails with an IndexError at the task's start.
+
+Prints one line per behaviour and exits 1 if one fails. Usage: scripts/check_ray.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import ray
+from ray.cluster_utils import Cluster
+from ray.util.placement_group import (
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
+
+import clients
+from clients.workers import WorkerGroup
+
+GPUS = 4
+
+
+@ray.remote
+class Seer:
+    def seen(self):
+        return os.environ.get("CUDA_VISIBLE_DEVICES"), ray.get_runtime_context().get_node_id()
+
+
+def pinning(nodes: list[str]) -> str:
+    """Pin a one-GPU group to each raylet in turn, the way placectl's controller does."""
+    for node in (nodes[1], nodes[0]):
+        pg = placement_group(
+            [{"GPU": 1}], strategy="PACK", bundle_label_selector=[{"ray.io/node-id": node}]
+        )
+        ray.get(pg.ready(), timeout=60)
+        placed = placement_group_table(pg)["bundles_to_node_id"][0]
+        remove_placement_group(pg)
+        if placed != node:
+            return f"placed on {placed[:12]}, asked for {node[:12]}"
+    return "ok"
+
+
+def several_devices(ctl) -> str:
+    spec = {"num_nodes": 3, "component_placement": {"actor": "0-3:0-1"}}
+    res = ctl.reserve("check-multi", spec, 120)
+    want = [
+        (",".join(map(str, a.placement.cuda_visible_devices)), a.placement.node_id)
+        for a in res.assignments("actor")
+    ]
+    try:
+        group = WorkerGroup.launch(res, "actor", Seer, timeout=120)
+        got = [tuple(x) for x in group.execute("seen")]
+        group.shutdown()
+    finally:
+        ctl.release("check-multi")
+    return "ok" if got == want else f"sees {got}, assigned {want}"
+
+
+def main() -> int:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+    nodes = [cluster.add_node(num_cpus=GPUS, num_gpus=GPUS).node_id for _ in range(2)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+    try:
+        ctl = clients.connect()
+        results = {}
+        for name, check in (
+            ("pinning", lambda: pinning(nodes)),
+            ("several devices", lambda: several_devices(ctl)),
+        ):
+            try:
+                results[name] = check()
+            except Exception as e:  # what an old Ray does is the finding
+                results[name] = f"fails: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    print(f"ray {ray.__version__}")
+    for name, result in results.items():
+        print(f"  {name:<16} {result}")
+    return 0 if all(r == "ok" for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
