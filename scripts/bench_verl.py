@@ -83,13 +83,26 @@ def on_placectl(ctl) -> tuple[float, float]:
     return done - reserved, done - started
 
 
+# A new driver process; its worker class is defined here, so Ray ships it by value (a
+# `scripts` package in site-packages shadows this directory for imports).
 RESTART = """
 import json, sys, time
 started = time.perf_counter()
 import ray, clients
 from clients.integrations import verl as pverl
-from scripts.bench_verl import GPUS, NODES, cls
-from verl.single_controller.ray.base import RayResourcePool, RayWorkerGroup
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+GPUS, NODES = int(sys.argv[3]), int(sys.argv[4])
+
+class BenchWorker(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def ready(self):
+        return self.rank
+
+def cls():
+    return RayClassWithInitArgs(cls=ray.remote(BenchWorker))
+
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 mode = sys.argv[2]
 if mode == "verl":
@@ -108,12 +121,13 @@ print(json.dumps({"s": time.perf_counter() - started, "names": wg.worker_names})
 
 def restarted_driver(address: str, mode: str) -> tuple[float, list[str]]:
     out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(RESTART), address, mode],
+        [sys.executable, "-c", textwrap.dedent(RESTART), address, mode, str(GPUS), str(NODES)],
         capture_output=True,
         text=True,
         timeout=600,
-        check=True,
     )
+    if out.returncode != 0:
+        raise SystemExit(f"the {mode} driver failed:\n{out.stderr[-3000:]}")
     got = json.loads(out.stdout.strip().splitlines()[-1])
     return got["s"], got["names"]
 
