@@ -12,7 +12,7 @@ _LAZY = {
     "Controller": "clients.session",
     "Reservation": "clients.session",
     "WorkerGroup": "clients.workers",
-    "current": "clients.workers",
+    "current": "clients.inside",
     "PlacementError": "controller.errors",
     "ReservationError": "controller.errors",
     "ReservationTimeout": "controller.errors",

@@ -185,15 +185,53 @@ def status(job, address, as_json, watch, interval) -> None:
 def reserve(job, config, address, timeout_s, replace, repair) -> None:
     """Reserve CONFIG's resources for JOB (idempotent). Waits, with progress, until the
     cluster can place it or the timeout passes; Ctrl-C cancels it."""
+    from clients.render import node_count
+
     spec = load_spec(config)
     ctl = _connect(address, start=True)
     res = ctl.reserve(job, spec, timeout_s=timeout_s, replace=replace, repair=repair)
     info = res.info
     click.echo(
-        f"{job}: {info.state}, epoch {info.epoch}, {len(info.slots)} node slot(s), "
+        f"{job}: {info.state}, epoch {info.epoch}, {node_count(info)} node(s), "
         f"{info.num_accelerators} {info.accelerator}, components "
         + ", ".join(f"{n} x{w}" for n, w in info.components.items())
     )
+
+
+@cli.command()
+@click.argument("job")
+@click.argument("config")
+@address_option
+@click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True)
+@click.option("--plan", "dry_run", is_flag=True, help="Only show what would change.")
+def apply(job, config, address, timeout_s, dry_run) -> None:
+    """Give the live reservation JOB the configuration CONFIG, touching only what
+    changes: unchanged slots and ranks stay, the rest is made or removed. All or
+    nothing. --plan shows, per component, the ranks that stay, move, start and stop."""
+    from clients.render import render_apply
+
+    spec = load_spec(config)
+    click.echo(render_apply(_connect(address).apply(job, spec, timeout_s=timeout_s, plan=dry_run)))
+
+
+@cli.command()
+@click.argument("job")
+@click.argument("component")
+@click.argument("placement", required=False)
+@click.option("--node-group", "node_group", multiple=True, help="Move to these node groups.")
+@address_option
+@click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True)
+@click.option("--plan", "dry_run", is_flag=True, help="Only show what would change.")
+def resize(job, component, placement, node_group, address, timeout_s, dry_run) -> None:
+    """Place COMPONENT of JOB anew: a new PLACEMENT string (rollout 0-7 -> 0-15),
+    --node-group to move it, or both; an apply of one component."""
+    from clients.render import render_apply
+
+    groups = list(node_group) or None
+    summary = _connect(address).resize(
+        job, component, placement, groups, timeout_s=timeout_s, plan=dry_run
+    )
+    click.echo(render_apply(summary))
 
 
 @cli.command()

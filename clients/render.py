@@ -159,13 +159,19 @@ def render_reservation(info, assignments: dict[str, list]) -> str:
     """A reserved job's map: one row per node slot (with its IP), one cell per physical
     accelerator id listing the ``component:ranks`` on it."""
     acc = info.accelerator
-    slots = {s.node_rank: s for s in info.slots}
+    on_node: dict[int, list] = {}
+    for s in info.slots:  # a node may hold several groups after an apply
+        on_node.setdefault(s.node_rank, []).append(s)
+    to_physical = {
+        nr: {k: v for s in slots for k, v in s.local_to_physical.items()}
+        for nr, slots in on_node.items()
+    }
     cells: dict[tuple[int, str], dict[str, list[int]]] = {}
     for name, items in assignments.items():
         for a in items:
             p = a.placement
             if p.local_gpu_id >= 0:
-                to_phys = slots[p.node_rank].local_to_physical
+                to_phys = to_physical[p.node_rank]
                 cols = [f"{acc}{to_phys[g]}" for g in p.local_resource_ranks]
             elif a.resources:
                 cols = [f"{k}{p.local_resource_ranks[0]}" for k in a.resources]
@@ -174,18 +180,25 @@ def render_reservation(info, assignments: dict[str, list]) -> str:
             for col in cols:
                 cells.setdefault((p.node_rank, col), {}).setdefault(name, []).append(p.rank)
     out = [
-        f"{info.job}: {info.state}, epoch {info.epoch}, {len(info.slots)} node slot(s), "
+        f"{info.job}: {info.state}, epoch {info.epoch}, {node_count(info)} node(s), "
         f"{info.num_accelerators} {acc}" + (f" ({info.reason})" if info.reason else "")
     ]
-    for nr in sorted(slots):
-        slot = slots[nr]
-        out.append(f"node {nr}  {slot.node_ip}  {slot.node_id[:12]}  group {slot.group_id}")
+    for nr in sorted(on_node):
+        slot = on_node[nr][0]
+        ids = ", ".join(s.group_id for s in on_node[nr])
+        label = "groups" if len(on_node[nr]) > 1 else "group"
+        out.append(f"node {nr}  {slot.node_ip}  {slot.node_id[:12]}  {label} {ids}")
         cols = sorted({c for (r, c) in cells if r == nr}, key=lambda c: (len(c), c))
         for col in cols:
             entry = cells[(nr, col)]
             text = "  ".join(f"{name}:{format_ranks(ranks)}" for name, ranks in entry.items())
             out.append(f"    {col:<8} {text}")
     return "\n".join(out)
+
+
+def node_count(info) -> int:
+    """Nodes a reservation uses (a node may hold several of its groups)."""
+    return len({s.node_rank for s in info.slots})
 
 
 def render_reservations(infos) -> str:
@@ -200,7 +213,7 @@ def render_reservations(infos) -> str:
                 i.job,
                 i.state,
                 str(i.epoch),
-                str(len(i.slots)),
+                str(node_count(i)),
                 str(i.num_accelerators),
                 comps,
                 i.reason[:60],
@@ -210,3 +223,36 @@ def render_reservations(infos) -> str:
     return "\n".join(
         "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows
     )
+
+
+def render_apply(summary) -> str:
+    """What an apply did (or would do, with ``--plan``), one line per component."""
+    verb = "applied" if summary.applied else "would apply"
+    head = f"{summary.job}: {verb}, epoch {summary.epoch}"
+    if summary.note:
+        return f"{head}: {summary.note}"
+    out = [
+        f"{head}; slots: {summary.slots_kept} kept, {summary.slots_created} made, "
+        f"{summary.slots_removed} removed"
+        + (
+            f" (rebuilt on node ranks {format_ranks(summary.rebuilt_nodes)})"
+            if summary.rebuilt_nodes
+            else ""
+        )
+    ]
+    for c in summary.components:
+        parts = [
+            f"{what} {format_ranks(ranks)}"
+            for what, ranks in (
+                ("stay", c.stays),
+                ("move", c.moves),
+                ("start", c.starts),
+                ("stop", c.stops),
+            )
+            if ranks
+        ]
+        line = f"  {c.name}: {c.old_world_size} -> {c.new_world_size} ranks; " + ", ".join(parts)
+        if c.restart:
+            line += f"; needs a new process group ({c.restart})"
+        out.append(line)
+    return "\n".join(out)

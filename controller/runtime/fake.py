@@ -97,6 +97,7 @@ class FakeCluster:
         self.slow_removal: set[str] = set()  # group ids whose removal Ray never reports
         self.create_delay = 0.0  # seconds a creation takes; it completes even if the
         # caller stops waiting, as Ray's does
+        self.probe_delay = 0.0  # seconds a probe task takes
         self._ids = itertools.count(1)
         self._making: set[asyncio.Task] = set()
         self._pending: set[str] = set()  # groups waiting for room, the only ones to retry
@@ -304,6 +305,8 @@ class FakeCluster:
     # ------------------------------------------------------------ tasks
     async def probe(self, group_id: str, bundle_index: int, accelerator: str) -> DeviceInfo:
         self._cost("probe", self.latency.probe)
+        if self.probe_delay:
+            await asyncio.sleep(self.probe_delay)
         g = self.groups_by_id[group_id]
         if g.state != CREATED:
             raise FakeFault(f"probe in group {group_id} that is {g.state}")

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import secrets
 import time
+from typing import Any
 
 import msgspec
 
@@ -58,7 +59,9 @@ class Repairing:
                     new, why, stale = await self._replace_slots(res, holds)
                     if new is not None:
                         plan = (await self._plan_of(job)).plan
-                        await self._commit(new, published=publish(new, plan))
+                        previous = await self._published_of(job)
+                        published = publish(new, plan, previous=previous)
+                        await self._commit(new, published=published)
                 finally:
                     self._drop_holds(holds)
                     self._making.pop(job, None)
@@ -111,46 +114,57 @@ class Repairing:
         live_by_id = {n.node_id: n for n in live.nodes}
         free = await self._io.free_resources()
         taken = {s.node_id for i, s in enumerate(res.slots) if i not in broken}
-        targets = {}
+        # A lost node's slots (several after an apply grew it) move together, as one
+        # slot on one spare; a vanished group on a live node is made again there.
+        parts: list[tuple[Any, list[int]]] = []
+        lost: dict[int, list[int]] = {}
         for i in broken:
             slot = res.slots[i]
             if slot.node_id in live_by_id:
-                targets[i] = live_by_id[slot.node_id]  # the group went, the node did not
+                parts.append((live_by_id[slot.node_id], [i]))
             else:
-                spare = choose_spare(
-                    res.nodes[slot.node_rank],
-                    live.nodes,
-                    free,
-                    slot.need(),
-                    taken,
-                    self._selectors(res, slot.node_rank),
+                lost.setdefault(slot.node_rank, []).append(i)
+        for node_rank, idxs in sorted(lost.items()):
+            need: dict[str, float] = {}
+            for i in idxs:
+                for k, v in res.slots[i].need().items():
+                    need[k] = need.get(k, 0.0) + v
+            spare = choose_spare(
+                res.nodes[node_rank],
+                live.nodes,
+                free,
+                need,
+                taken,
+                self._selectors(res, node_rank),
+            )
+            if spare is None:
+                first = res.slots[idxs[0]]
+                wants = ", ".join(f"{k} {v:g}" for k, v in sorted(need.items()))
+                return (
+                    None,
+                    f"slot {idxs[0]} (node rank {node_rank}) lost node {first.node_ip} "
+                    f"({first.node_id[:12]}); no spare node of the same kind with {wants} "
+                    "free; waiting for one to join",
+                    set(),
                 )
-                if spare is None:
-                    need = ", ".join(f"{k} {v:g}" for k, v in sorted(slot.need().items()))
-                    return (
-                        None,
-                        f"slot {i} (node rank {slot.node_rank}) lost node {slot.node_ip} "
-                        f"({slot.node_id[:12]}); no spare node of the same kind with {need} "
-                        "free; waiting for one to join",
-                        set(),
-                    )
-                targets[i] = spare
-            taken.add(targets[i].node_id)
+            taken.add(spare.node_id)
+            parts.append((spare, idxs))
         self._crash_point("replace_after_plan")
         token = secrets.token_hex(3)
         fresh = [
             msgspec.structs.replace(
-                res.slots[i],
-                node_id=targets[i].node_id,
-                node_ip=targets[i].ip,
-                group_name=f"{self._prefix}{res.job}:{token}:{i}",
+                res.slots[idxs[0]],
+                node_id=target.node_id,
+                node_ip=target.ip,
+                group_name=f"{self._prefix}{res.job}:{token}:{k}",
                 group_id="",
                 bundles=[
                     msgspec.structs.replace(b, physical_id=-1, uuid="", pci_bus_id="")
+                    for i in idxs
                     for b in res.slots[i].bundles
                 ],
             )
-            for i in broken
+            for k, (target, idxs) in enumerate(parts)
         ]
         created: dict[int, str] = {}
         deadline = time.monotonic() + self.settings.repair_timeout
@@ -168,14 +182,18 @@ class Repairing:
             self._crash_point("replace_after_create")
             fresh = await groups.probe(self._io, res.job, fresh, res.spec.accelerator, deadline)
             self._crash_point("replace_after_probe")
-            nodes, slots = dict(res.nodes), list(res.slots)
+            nodes = dict(res.nodes)
             moved = set()
-            for k, i in enumerate(broken):
-                old = res.slots[i]
-                nodes[old.node_rank] = targets[i]
-                slots[i] = fresh[k]
-                if old.node_id != targets[i].node_id:
+            for target, idxs in parts:
+                old = res.slots[idxs[0]]
+                nodes[old.node_rank] = target
+                if old.node_id != target.node_id:
                     moved.add(old.node_id)
+            gone = {i for _, idxs in parts for i in idxs}
+            slots = sorted(
+                [s for i, s in enumerate(res.slots) if i not in gone] + fresh,
+                key=lambda s: s.node_rank,
+            )
             masters = sorted(
                 {x.component for x in res.leases if x.purpose == "master" and x.node_id in moved}
             )

@@ -18,8 +18,8 @@ from controller.state.environment import (
     visible_devices_variable,
     worker_env,
 )
-from controller.state.plan import JobPlan
-from controller.state.records import ReservationRecord, SlotRecord
+from controller.state.plan import BundleKey, JobPlan, bundle_key
+from controller.state.records import BundleRecord, ReservationRecord, SlotRecord
 
 
 class Assignment(msgspec.Struct, kw_only=True, frozen=True):
@@ -151,14 +151,24 @@ def _sharers(plan: JobPlan) -> dict[tuple[int, str, str, int], int]:
     return counts
 
 
-def _by_local(slot: SlotRecord) -> dict[int, tuple[int, Any]]:
-    """A slot's accelerator bundles by planned local index: (bundle index, bundle)."""
-    return {b.local_index: (i, b) for i, b in enumerate(slot.bundles) if b.kind == ACCELERATOR}
+Located = dict[tuple[int, BundleKey], tuple[SlotRecord, int, BundleRecord]]
 
 
-def _seen_devices(p: Placement, slot: SlotRecord, by_local: dict) -> dict[str, Any]:
+def _locate(res: ReservationRecord) -> Located:
+    """Every bundle of the reservation by (node rank, what it is for): its slot, its index
+    in that slot, and the bundle (a node may hold several slots)."""
+    return {
+        (s.node_rank, bundle_key(b)): (s, i, b) for s in res.slots for i, b in enumerate(s.bundles)
+    }
+
+
+def _accelerator(located: Located, p: Placement, g: int) -> tuple[SlotRecord, int, BundleRecord]:
+    return located[(p.node_rank, (ACCELERATOR, "", g))]
+
+
+def _seen_devices(p: Placement, slot: SlotRecord, located: Located) -> dict[str, Any]:
     """A hardware or node process: the physical ids of the accelerators it sees."""
-    visible = [by_local[g][1] for g in p.cuda_visible_devices]
+    visible = [_accelerator(located, p, g)[2] for g in p.cuda_visible_devices]
     return {
         "placement": msgspec.structs.replace(
             p,
@@ -170,9 +180,15 @@ def _seen_devices(p: Placement, slot: SlotRecord, by_local: dict) -> dict[str, A
     }
 
 
-def _accelerator_fields(p: Placement, slot: SlotRecord, by_local: dict) -> dict[str, Any]:
-    anchor, first = by_local[p.local_resource_ranks[0]]
-    visible = [by_local[g][1] for g in p.cuda_visible_devices]
+def _accelerator_fields(p: Placement, located: Located) -> tuple[SlotRecord, dict[str, Any]]:
+    held = [_accelerator(located, p, g) for g in p.local_resource_ranks]
+    slot, anchor, first = held[0]
+    if any(h[0] is not slot for h in held):
+        raise PlacementError(
+            f"{p.component}:{p.rank} holds accelerators in several placement groups on node "
+            f"rank {p.node_rank}; a process and its children need them in one"
+        )
+    visible = [_accelerator(located, p, g)[2] for g in p.cuda_visible_devices]
     placed = msgspec.structs.replace(
         p,
         node_id=slot.node_id,
@@ -180,11 +196,11 @@ def _accelerator_fields(p: Placement, slot: SlotRecord, by_local: dict) -> dict[
         cuda_visible_devices=[b.physical_id for b in visible],
         local_gpu_id=first.physical_id,
     )
-    return {
+    return slot, {
         "placement": placed,
         "bundle_index": anchor,
         "num_cpus": floor_share(first.resources.get("CPU", 0.0) * p.accelerator_share),
-        "bundle_indices": [by_local[g][0] for g in p.local_resource_ranks],
+        "bundle_indices": [h[1] for h in held],
         "device_uuids": [b.uuid for b in visible] if any(b.uuid for b in visible) else [],
         "pci_bus_ids": [b.pci_bus_id for b in visible]
         if any(b.pci_bus_id for b in visible)
@@ -203,8 +219,8 @@ def build_assignments(res: ReservationRecord, plan: JobPlan) -> dict[str, list[A
         PlacementError: a node group's env_vars set a variable placectl owns.
     """
     spec = res.spec
-    slot_of = {s.node_rank: s for s in res.slots}
-    locals_of = {s.node_rank: _by_local(s) for s in res.slots}
+    located = _locate(res)
+    ip_of = {s.node_rank: s.node_ip for s in res.slots}
     sharers = _sharers(plan)
     node_group_env: dict[tuple[str, int], tuple[dict[str, str], str | None]] = {}
 
@@ -217,30 +233,29 @@ def build_assignments(res: ReservationRecord, plan: JobPlan) -> dict[str, list[A
 
     out: dict[str, list[Assignment]] = {}
     for comp in plan.components:
-        master = slot_of[comp.placements[0].node_rank].node_ip
+        master = ip_of[comp.placements[0].node_rank]
         port = res.master_port(comp.name)
         engine_like = comp.capture_child_tasks
         items = []
         for p in comp.placements:
-            slot = slot_of[p.node_rank]
             resources: dict[str, float] = {}
             gpus = 0.0
             if p.kind == ACCELERATOR:
-                fields = _accelerator_fields(p, slot, locals_of[p.node_rank])
+                slot, fields = _accelerator_fields(p, located)
                 if spec.accelerator == "GPU":
                     gpus = p.accelerator_share
                 else:
                     resources = {spec.accelerator: p.accelerator_share}
             else:
                 key = _bundle_key(p)
-                anchor = slot.bundle_index(p.kind, key[3], p.hardware)
+                slot, anchor, bundle = located[(p.node_rank, (p.kind, p.hardware or "", key[3]))]
                 k = sharers[key]
                 if p.kind == HARDWARE:
                     resources = {p.hardware: floor_share(1.0 / k)}
                 fields = {
-                    **_seen_devices(p, slot, locals_of[p.node_rank]),
+                    **_seen_devices(p, slot, located),
                     "bundle_index": anchor,
-                    "num_cpus": floor_share(slot.bundles[anchor].resources["CPU"] / k),
+                    "num_cpus": floor_share(bundle.resources["CPU"] / k),
                 }
             placed = fields["placement"]
             indices = fields.get("bundle_indices") if engine_like else None

@@ -88,7 +88,15 @@ class JobPlan(msgspec.Struct, frozen=True, kw_only=True):
 BundleKey = tuple[str, str, int]  # (kind, hardware resource or "", node-local index)
 
 
-def _bundles_of_node(plan: JobPlan, spec: ClusterSpec) -> dict[int, dict[BundleKey, dict]]:
+def bundle_key(b: BundleRecord) -> BundleKey:
+    """What a bundle is for, independent of the slot that holds it."""
+    hardware = ""
+    if b.kind == HARDWARE:
+        hardware = next(k for k in b.resources if k != "CPU")
+    return (b.kind, hardware, b.local_index)
+
+
+def bundles_by_node(plan: JobPlan, spec: ClusterSpec) -> dict[int, dict[BundleKey, dict]]:
     """Every bundle each node needs: one per accelerator a process holds, and one per
     accelerator a hardware or node process sees (so no other job can take what it is
     shown), one per hardware unit, one CPU bundle for node-level processes."""
@@ -117,6 +125,11 @@ def _bundles_of_node(plan: JobPlan, spec: ClusterSpec) -> dict[int, dict[BundleK
 _ORDER = {ACCELERATOR: 0, HARDWARE: 1, NODE: 2}
 
 
+def ordered(keys) -> list[BundleKey]:
+    """Bundle keys in the order a slot holds them: accelerators, hardware, node."""
+    return sorted(keys, key=lambda k: (_ORDER[k[0]], k[1], k[2]))
+
+
 def plan_slots(
     plan: JobPlan, spec: ClusterSpec, nodes: dict[int, NodeView], name_prefix: str
 ) -> list[SlotRecord]:
@@ -124,11 +137,11 @@ def plan_slots(
 
     Slot ``i``'s placement group is named ``f"{name_prefix}{i}"``.
     """
-    used = _bundles_of_node(plan, spec)
+    used = bundles_by_node(plan, spec)
     slots = []
     for i, nr in enumerate(sorted(used)):
         node = nodes[nr]
-        keys = sorted(used[nr], key=lambda k: (_ORDER[k[0]], k[1], k[2]))
+        keys = ordered(used[nr])
         slots.append(
             SlotRecord(
                 node_rank=nr,

@@ -31,6 +31,7 @@ class Row(msgspec.Struct, frozen=True, array_like=True):
     device_uuids: list[str] = []
     pci_bus_ids: list[str] = []
     ray_sets_devices: bool = False
+    epoch: int = 0  # the epoch this rank's assignment was made in (0: the block's)
 
 
 class ComponentBlock(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,7 +61,7 @@ class ComponentBlock(msgspec.Struct, frozen=True, kw_only=True):
                 num_cpus=r.num_cpus,
                 capture_child_tasks=self.capture_child_tasks,
                 env={**common, **r.env},
-                epoch=self.epoch,
+                epoch=r.epoch or self.epoch,
                 uid=self.uid,
                 resources=r.resources,
                 python=r.python,
@@ -106,6 +107,7 @@ def _block(res: ReservationRecord, name: str, items: list[Assignment]) -> Compon
             device_uuids=a.device_uuids,
             pci_bus_ids=a.pci_bus_ids,
             ray_sets_devices=a.ray_sets_devices,
+            epoch=a.epoch if a.epoch != res.epoch else 0,
         )
         for a in items
     ]
@@ -122,9 +124,36 @@ def _block(res: ReservationRecord, name: str, items: list[Assignment]) -> Compon
     )
 
 
-def publish(res: ReservationRecord, plan: JobPlan) -> Published:
-    """The assignments of ``res``'s current epoch, ready to be written for drivers."""
+def _unchanged(new: Assignment, old: Assignment) -> bool:
+    """Whether ``new`` is ``old`` made again at a later epoch: nothing but the epoch
+    differs."""
+    if new.uid != old.uid or "PLACECTL_EPOCH" not in old.env:
+        return False
+    aged = msgspec.structs.replace(
+        new, epoch=old.epoch, env={**new.env, "PLACECTL_EPOCH": old.env["PLACECTL_EPOCH"]}
+    )
+    return aged == old
+
+
+def publish(res: ReservationRecord, plan: JobPlan, previous: Published | None = None) -> Published:
+    """The assignments of ``res``'s current epoch, ready to be written for drivers.
+
+    With ``previous`` (the assignments published before, of the same reservation), a
+    rank whose assignment differs from its previous one only by the epoch keeps the
+    previous one byte for byte, epoch included: a worker of an untouched rank is not
+    told it is stale by a change elsewhere in the job.
+    """
     built = build_assignments(res, plan)
+    if previous is not None and previous.uid == res.uid:
+        for name, items in built.items():
+            block = previous.components.get(name)
+            if block is None:
+                continue
+            before = block.assignments()
+            built[name] = [
+                before[r] if r < len(before) and _unchanged(a, before[r]) else a
+                for r, a in enumerate(items)
+            ]
     return Published(
         job=res.job,
         uid=res.uid,

@@ -1,13 +1,17 @@
 """The persisted records of a reservation.
 
-A reservation holds one placement group per (job, node slot). Each slot's bundles are
-one per accelerator the job uses on that node (``{ACCEL: 1, "CPU": c}``), one per
-hardware unit it uses, and one CPU bundle for its node-level processes. Records are
-frozen: every change makes a new record, which is written to the GCS before it replaces
-the old one in memory.
+A reservation holds placement groups called slots, each on one node: a new reservation
+has one per node it uses, and ``apply`` adds a slot beside the kept ones when a node's
+share of the job grows. Each slot's bundles are one per accelerator (``{ACCEL: 1,
+"CPU": c}``), one per hardware unit, and one CPU bundle for node-level processes; a
+bundle lives in exactly one slot, and a process's bundles all lie in one slot. Records
+are frozen: every change makes a new record, which is written to the GCS before it
+replaces the old one in memory.
 
 Only additive changes (new fields with defaults) keep ``SCHEMA_VERSION``; anything else
-raises it and adds a migration in :mod:`controller.state.table`.
+raises it and adds a migration in :mod:`controller.state.table`. Version 3: a node may
+hold several slots, a record may carry an ``applying`` intent, and a published rank
+carries the epoch it was last changed in (version 2 records read as version 3).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from controller.planning.node_groups import ACCELERATOR
 from controller.planning.spec import ClusterSpec
 from controller.state.ports import MASTER, PortLease
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 PENDING, READY, DEGRADED, RELEASING = "pending", "ready", "degraded", "releasing"
 STATES = (PENDING, READY, DEGRADED, RELEASING)
@@ -48,7 +52,7 @@ class BundleRecord(msgspec.Struct, frozen=True):
 
 
 class SlotRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """The placement group of one node used by a job."""
+    """One placement group of a job, on one node."""
 
     node_rank: int
     node_id: str
@@ -73,6 +77,23 @@ class SlotRecord(msgspec.Struct, frozen=True, kw_only=True):
         return total
 
 
+class Applying(msgspec.Struct, frozen=True, kw_only=True):
+    """An ``apply`` in progress, written before it creates anything: a controller that
+    restarts with it rolls the reservation back to the record it is attached to.
+
+    Attributes:
+        epoch: the epoch the applied reservation will have.
+        group_names: the groups the apply creates (removed on rollback).
+        removed: group ids of slots it removes before creating their replacement on the
+            same node (a rebuild on a full node); the record still lists them until the
+            apply completes, and a rollback leaves them for the repair to make again.
+    """
+
+    epoch: int
+    group_names: list[str] = []
+    removed: list[str] = []
+
+
 class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
     """A job's reservation as persisted.
 
@@ -86,12 +107,14 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
         nodes: the nodes the reservation uses, by cluster node rank (not the whole
             cluster: a record grows with its job, not with the cluster).
         floating: node ranks chosen for floating node groups.
-        slots: one per node used, in node-rank order.
+        slots: the placement groups, in node-rank order (several on a node after an
+            ``apply`` grew it).
         world_sizes: processes per component, in configuration order.
         state, reason: pending | ready | degraded | releasing, and why.
         repair: ``auto`` (replace lost slots at once) or ``manual`` (wait for
             ``repair(job)``).
         leases: master ports first, then ports leased on request.
+        applying: an ``apply`` in progress (None otherwise).
     """
 
     v: int = SCHEMA_VERSION
@@ -108,6 +131,7 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
     repair: str = AUTO
     created_at: float = 0.0
     leases: list[PortLease] = []
+    applying: Applying | None = None
 
     def master_port(self, component: str) -> int | None:
         for lease in self.leases:
@@ -123,6 +147,10 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
 
     def node_ids(self) -> set[str]:
         return {s.node_id for s in self.slots}
+
+    def slots_on(self, node_rank: int) -> list[SlotRecord]:
+        """The slots on one node rank, in record order."""
+        return [s for s in self.slots if s.node_rank == node_rank]
 
     @property
     def settled(self) -> bool:

@@ -190,5 +190,7 @@ def test_replace_is_seen_by_an_existing_reservation_and_by_current(cluster):
     assert new[1].uid != old[1].uid and new[1].epoch > old[1].epoch
     assert new[1].placement_group_id != old[1].placement_group_id
     assert ray.get(worker.me.remote()) == (new[1].uid, new[1].epoch, 1)
-    assert ray.get(worker.me.remote(True)).startswith("stale: swap/actor:1 was started in")
+    assert ray.get(worker.me.remote(True)).startswith(
+        "stale: swap/actor:1 was started with its assignment of reservation"
+    )
     ctl.release("swap")

@@ -18,6 +18,7 @@ from controller.errors import (
     TableUnreadable,
 )
 from controller.runtime.controller import SimulatedCrash
+from controller.state.records import SCHEMA_VERSION
 from controller.state.table import LEGACY_BACKUP, LEGACY_KEY, META, RECORD, key
 from tests.unit.fakes import (
     cluster,
@@ -79,14 +80,16 @@ def test_unreadable_record_leaves_every_group_and_is_named_on_every_call():
         groups_before = live_groups(fake)
         k = key(RECORD, "newer")
         future = msgspec.msgpack.decode(fake.kv[k])
-        future["v"] = 3  # written by a newer placectl
+        future["v"] = SCHEMA_VERSION + 1  # written by a newer placectl
         fake.kv[k] = msgspec.msgpack.encode(future)
         ctl2 = await controller(fake)
         await asyncio.sleep(0.2)  # many ticks: none may act
         assert live_groups(fake) == groups_before
         assert fake.kv[k] == msgspec.msgpack.encode(future)  # the bytes stay
         for call in (ctl2.list(), ctl2.status("keep"), ctl2.reserve("x", spec("0"), 1)):
-            with pytest.raises(TableUnreadable, match="schema version 3, written by a newer"):
+            with pytest.raises(
+                TableUnreadable, match=f"schema version {SCHEMA_VERSION + 1}, written by a newer"
+            ):
                 await call
         assert (await ctl2.health())["refusal"]
         fake.kill_node(stored(fake, "keep").slots[0].node_id)
@@ -425,7 +428,7 @@ def test_a_running_controller_sweeps_orphans_but_not_groups_a_repair_is_making()
         orphan = await fake.create_group("placectl:placectl:ghost:abc:0", [{"CPU": 0.1}], node)
         await until(lambda: orphan not in live_groups(fake))
         # A slow replacement: its new group lives for a while before the record names it.
-        fake.create_delay = 0.5
+        fake.probe_delay = 0.1
         made_during = set()
 
         def watch():

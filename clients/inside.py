@@ -1,0 +1,63 @@
+"""Inside a placed process: its own assignment, as of now."""
+
+from __future__ import annotations
+
+import os
+
+from controller import PlacementError
+from controller.errors import StaleReservation
+from controller.state.assignments import Assignment
+
+_CURRENT: dict[tuple, Assignment] = {}
+
+
+def current(strict: bool = False) -> Assignment:
+    """Inside a worker placectl placed: its own :class:`Assignment`, as of now.
+
+    Reads the reservation's record (one GCS read) on every call, so it never serves an
+    assignment of an identity or epoch that is gone: after a repair or a
+    ``replace=True`` it returns the rank's new assignment.
+
+    Args:
+        strict: raise :class:`StaleReservation` when this rank's assignment is no
+            longer the one the process was started with: another reservation, or an
+            epoch that changed this rank. A change elsewhere in the job (a repair of
+            another node, an ``apply`` that left this rank alone) keeps a rank's
+            assignment, epoch included.
+
+    Raises:
+        PlacementError: the process was not placed by placectl, or its rank is gone.
+    """
+    env = os.environ
+    missing = [k for k in ("PLACECTL_JOB", "PLACECTL_COMPONENT", "RANK") if k not in env]
+    if missing:
+        raise PlacementError(
+            f"not a placectl worker: {', '.join(missing)} not set in the environment"
+        )
+    from clients.session import Controller, Reservation
+
+    job, component, rank = env["PLACECTL_JOB"], env["PLACECTL_COMPONENT"], int(env["RANK"])
+    name = env.get("PLACECTL_CONTROLLER", "placectl")
+    ctl = Controller(None, name)
+    record = ctl.record(job)
+    key = (name, job, record.uid, record.epoch, component, rank)
+    if key not in _CURRENT:
+        items = (
+            Reservation(ctl, record).assignments(component)
+            if component in record.world_sizes
+            else []
+        )
+        if rank >= len(items):
+            raise StaleReservation(
+                f"{job} (uid {record.uid}, epoch {record.epoch}) has no rank {rank} of "
+                f"{component!r} any more"
+            )
+        _CURRENT[key] = items[rank]
+    now = _CURRENT[key]
+    mine = (env.get("PLACECTL_UID", ""), env.get("PLACECTL_EPOCH", ""))
+    if strict and mine != (now.uid, str(now.epoch)):
+        raise StaleReservation(
+            f"{job}/{component}:{rank} was started with its assignment of reservation "
+            f"{mine[0]} epoch {mine[1]}; it is now reservation {now.uid} epoch {now.epoch}"
+        )
+    return now
