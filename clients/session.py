@@ -21,6 +21,7 @@ from controller.errors import (
     UnknownReservation,
 )
 from controller.state.assignments import Assignment
+from controller.state.change import ApplySummary
 from controller.state.published import ComponentBlock
 from controller.state.records import AUTO, ReservationRecord
 from controller.state.requests import check_job
@@ -48,6 +49,7 @@ MIN_RAY = (2, 60)
 _INFO = msgspec.msgpack.Decoder(ReservationInfo)
 _INFOS = msgspec.msgpack.Decoder(list[ReservationInfo])
 _BLOCK = msgspec.msgpack.Decoder(ComponentBlock)
+_SUMMARY = msgspec.msgpack.Decoder(ApplySummary)
 
 
 def _unwrap(fn: Callable[[], Any]) -> Any:
@@ -209,23 +211,73 @@ class Controller:
             ReservationCancelled: a ``release`` of the job (or Ctrl-C) cancelled it.
         """
         spec = spec if isinstance(spec, ClusterSpec) else load_spec(spec)
-        say = progress or (lambda m: print(f"placectl: {job}: {m}", file=sys.stderr, flush=True))
         ref = self.handle.reserve.remote(job, spec, timeout_s, replace, repair)
-        last = ""
         try:
-            while not ray.wait([ref], timeout=1.0)[0]:
-                try:
-                    message = ray.get(self.handle.progress.remote(job), timeout=5)
-                except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
-                    continue
-                if message and message != last:
-                    say(message)
-                    last = message
+            self._follow(ref, job, progress)
         except KeyboardInterrupt:
             ray.get(self.handle.cancel.remote(job), timeout=60)
             raise
         info = _INFO.decode(_unwrap(lambda: ray.get(ref)))
         return Reservation(self, info)
+
+    def _follow(self, ref, job: str, progress: Callable[[str], None] | None) -> None:
+        """Wait for a call, passing what the controller says it waits for to
+        ``progress`` (default: stderr) whenever that changes."""
+        say = progress or (lambda m: print(f"placectl: {job}: {m}", file=sys.stderr, flush=True))
+        last = ""
+        while not ray.wait([ref], timeout=1.0)[0]:
+            try:
+                message = ray.get(self.handle.progress.remote(job), timeout=5)
+            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+                continue
+            if message and message != last:
+                say(message)
+                last = message
+
+    def apply(
+        self,
+        job: str,
+        spec: Any,
+        timeout_s: float = 300.0,
+        plan: bool = False,
+        progress: Callable[[str], None] | None = None,
+    ) -> ApplySummary:
+        """Give the live reservation ``job`` a new configuration, touching only what
+        changes (see ``PlacementController.apply``); then bring running worker groups
+        along with :meth:`WorkerGroup.sync`.
+
+        Args:
+            plan: only say what would change (per component: the ranks that stay, move,
+                start and stop); nothing is changed.
+
+        Returns:
+            What changed (or would), per component and slot.
+
+        Raises:
+            ReservationError: the reservation is not ready, or the new slots could not
+                be placed in time (then nothing changed).
+            PlacementError: the configuration is invalid or does not fit the cluster.
+        """
+        spec = spec if isinstance(spec, ClusterSpec) else load_spec(spec)
+        if self.handle is None:
+            self.handle = ray.get_actor(self.name, namespace=self.namespace)
+        ref = self.handle.apply.remote(job, spec, timeout_s, plan)
+        self._follow(ref, job, progress)
+        return _SUMMARY.decode(_unwrap(lambda: ray.get(ref)))
+
+    def resize(
+        self,
+        job: str,
+        component: str,
+        placement: str | None = None,
+        node_group: str | list[str] | None = None,
+        timeout_s: float = 300.0,
+        plan: bool = False,
+    ) -> ApplySummary:
+        """:meth:`apply` with one component placed anew: a new placement string
+        (``resize(job, "rollout", "0-15")``), other node groups (a move), or both."""
+        data = self._call("resize", job, component, placement, node_group, timeout_s, plan)
+        return _SUMMARY.decode(data)
 
     def reservation(self, job: str) -> Reservation:
         """Attach to an existing reservation.

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
 import ray
 
+from clients.sync import SyncResult, plan_sync
 from controller import PlacementError
-from controller.errors import ReservationTimeout, StaleReservation
+from controller.errors import ReservationTimeout
 from controller.state.assignments import Assignment
 from controller.state.environment import check_user_env
 
@@ -210,7 +211,7 @@ class WorkerGroup:
             )
             for a, extra in zip(assignments, per_rank, strict=True)
         ]
-        launch = (actor_cls, args, kwargs, env, actor_options, per_rank)
+        launch = (actor_cls, args, kwargs, env, actor_options, rank_kwargs)
         group = cls(reservation, component, actors, assignments, detached, launch)
         if wait:
             wait_until_ready(actors, f"{reservation.job}/{component}", timeout, progress)
@@ -271,11 +272,30 @@ class WorkerGroup:
             raise PlacementError(f"rank {rank}: out of range (0-{len(self._actors) - 1})")
         return ray.get(getattr(self._actors[rank], method).remote(*args, **kwargs))
 
-    def _relaunch(self, ranks: list[int], fresh: list[Assignment]) -> None:
-        actor_cls, args, kwargs, env, actor_options, per_rank = self._launch
+    def _stop(self, ranks: list[int]) -> None:
+        """Kill ranks; a detached one's name is free again when this returns."""
         for r in ranks:
             with contextlib.suppress(Exception):  # most are already dead with their node
                 ray.kill(self._actors[r], no_restart=True)
+        if not self.detached:
+            return
+        deadline = time.monotonic() + 60
+        for r in ranks:
+            name = worker_name(self.reservation.job, self.component, r)
+            while time.monotonic() < deadline:
+                try:
+                    ray.get_actor(name, namespace=WORKER_NAMESPACE)
+                except ValueError:
+                    break
+                time.sleep(0.05)
+
+    def _relaunch(self, ranks: list[int], fresh: list[Assignment]) -> None:
+        """Start ``ranks`` anew in ``fresh`` (ranks past the group's end are added)."""
+        actor_cls, args, kwargs, env, actor_options, rank_kwargs = self._launch
+        per_rank = _rank_kwargs(rank_kwargs, len(fresh))
+        self._stop([r for r in ranks if r < len(self._actors)])
+        self._actors += [None] * (len(fresh) - len(self._actors))
+        for r in ranks:
             self._actors[r] = self._start(
                 self.reservation,
                 self.component,
@@ -324,6 +344,52 @@ class WorkerGroup:
             wait_until_ready([self._actors[r] for r in lost], label, timeout)
         return lost
 
+    def sync(self, restart: bool = False, timeout: float = 300.0) -> SyncResult:
+        """Bring the running workers to the reservation's current epoch, after an
+        ``apply`` (or a repair): ranks that stopped or moved are killed, ranks that are
+        new or moved are started in their bundles, unchanged ranks keep running.
+
+        Args:
+            restart: when the component needs a new process group (its world size
+                changed, or its rank 0 moved), restart every rank instead of only the
+                ones that changed.
+            timeout: for the reservation to be ready and the new workers to start.
+
+        Returns:
+            What was kept, moved, started and stopped, and why the component needs a
+            new process group if it does (``restart_needed``).
+
+        Raises:
+            PlacementError: ranks must start but the group was attached, not launched
+                here (its constructor arguments are unknown).
+        """
+        res = self.reservation
+        res.wait_ready(timeout)
+        fresh = res.assignments(self.component) if self.component in res.components else []
+        result = plan_sync(self.component, res.epoch, self._assignments, fresh)
+        if restart and result.restart_needed:
+            every = list(range(len(fresh)))
+            result = msgspec.structs.replace(
+                result,
+                kept=[],
+                moved=every[: len(result.kept) + len(result.moved)],
+                restarted=True,
+            )
+        starting = sorted(result.moved + result.started)
+        if starting and self._launch is None:
+            raise PlacementError(
+                "sync() must start ranks and needs the group's constructor arguments: "
+                "launch the group with WorkerGroup.launch instead of attach"
+            )
+        self._stop(result.stopped)
+        self._actors = self._actors[: len(fresh)]
+        if starting:
+            self._relaunch(starting, fresh)
+            label = f"{res.job}/{self.component}"
+            wait_until_ready([self._actors[r] for r in starting], label, timeout)
+        self._assignments = fresh
+        return result
+
     def shutdown(self, cleanup: str | None = None, timeout: float = 30.0) -> None:
         """Kill every worker; the reservation stays.
 
@@ -338,54 +404,3 @@ class WorkerGroup:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
         self._actors = []
-
-
-_CURRENT: dict[tuple, Assignment] = {}
-
-
-def current(strict: bool = False) -> Assignment:
-    """Inside a worker placectl placed: its own :class:`Assignment`, as of now.
-
-    Reads the reservation's record (one GCS read) on every call, so it never serves an
-    assignment of an identity or epoch that is gone: after a repair or a
-    ``replace=True`` it returns the rank's new assignment.
-
-    Args:
-        strict: raise :class:`StaleReservation` instead when the reservation is no
-            longer the one this process was started in (another uid or epoch).
-
-    Raises:
-        PlacementError: the process was not placed by placectl, or its rank is gone.
-    """
-    env = os.environ
-    missing = [k for k in ("PLACECTL_JOB", "PLACECTL_COMPONENT", "RANK") if k not in env]
-    if missing:
-        raise PlacementError(
-            f"not a placectl worker: {', '.join(missing)} not set in the environment"
-        )
-    from clients.session import Controller, Reservation
-
-    job, component, rank = env["PLACECTL_JOB"], env["PLACECTL_COMPONENT"], int(env["RANK"])
-    name = env.get("PLACECTL_CONTROLLER", "placectl")
-    ctl = Controller(None, name)
-    record = ctl.record(job)
-    mine = (env.get("PLACECTL_UID", ""), env.get("PLACECTL_EPOCH", ""))
-    if strict and mine != (record.uid, str(record.epoch)):
-        raise StaleReservation(
-            f"{job}/{component}:{rank} was started in reservation {mine[0]} epoch {mine[1]}; "
-            f"it is now {record.uid} epoch {record.epoch}"
-        )
-    key = (name, job, record.uid, record.epoch, component, rank)
-    if key not in _CURRENT:
-        items = (
-            Reservation(ctl, record).assignments(component)
-            if component in record.world_sizes
-            else []
-        )
-        if rank >= len(items):
-            raise StaleReservation(
-                f"{job} (uid {record.uid}, epoch {record.epoch}) has no rank {rank} of "
-                f"{component!r} any more"
-            )
-        _CURRENT[key] = items[rank]
-    return _CURRENT[key]

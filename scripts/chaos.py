@@ -4,9 +4,11 @@ and node arrival, restarts over an old table, with placectl's invariants checked
 every step. The observers read only the table in the GCS, as drivers do: no check ever
 calls the controller, so none can wake it up.
 
+Operations: reserve, release, apply another configuration to a live reservation, leases.
 Faults: killing the controller (and, half the time, removing a node before any call
-reaches the new one), removing and adding nodes, rewriting the table as placectl 0.1 left
-it (format 1) and killing the controller, concurrent leases under one name.
+reaches the new one), killing it at a step of an apply, removing and adding nodes,
+rewriting the table as placectl 0.1 left it (format 1) and killing the controller,
+concurrent leases under one name.
 
 Invariants, checked once the table has settled after each step:
   * no double-booking: no (node, physical accelerator) is held by two reservations;
@@ -14,7 +16,8 @@ Invariants, checked once the table has settled after each step:
   * no leak: the placement groups named by this controller are exactly those the
     reservation table references;
   * table = groups: every ready reservation's groups are CREATED, on alive nodes;
-  * stable assignments: a reservation's assignments change only when its epoch does.
+  * stable assignments: a reservation's assignments change only when its epoch does;
+  * an apply keeps the ranks it says stay in the same group, on the same devices.
 
 Usage: scripts/chaos.py [--steps 200] [--seed 1]
 Prints every operation, the faults injected, the violations found; exits 1 on any.
@@ -39,7 +42,7 @@ from ray.util.placement_group import placement_group_table
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import clients
-from controller import PlacementError
+from controller import PlacementError, load_spec
 from controller.runtime.ray_io import node_infos
 from controller.runtime.reserving import live_view
 from controller.state.table import KV_NAMESPACE, LEGACY_KEY, kv_prefix
@@ -47,6 +50,7 @@ from tests.unit.fakes import v1_table
 
 GPUS = 4
 JOBS = ["a", "b", "c", "d"]
+APPLY_STEPS = ["apply_after_intent", "apply_after_create", "apply_after_probe", "apply_after_write"]
 SPECS = [
     {"num_nodes": 2, "component_placement": {"actor": "0-1"}},
     {"num_nodes": 2, "component_placement": {"actor,rollout": "2-3"}},
@@ -84,6 +88,9 @@ class Chaos:
     def step(self, i: int) -> str:
         r = self.rng.random()
         job = self.rng.choice(JOBS)
+        if r < 0.10:
+            ready = sorted(j for j, x in (self.table() or {}).items() if x.state == "ready")
+            return self.apply(self.rng.choice(ready)) if ready else "apply: nothing ready"
         if r < 0.35:
             spec = self.rng.choice(SPECS)
             replace = self.rng.random() < 0.3
@@ -130,6 +137,45 @@ class Chaos:
         node = self.cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
         self.cluster.wait_for_nodes()
         return f"add node {node.node_id[:8]}"
+
+    def apply(self, job: str) -> str:
+        """Apply another configuration to a live reservation, a third of the time with
+        the controller killed at a random step of it (Ray retries the call)."""
+        self.ops["apply"] += 1
+        crash = ""
+        try:
+            before = self.ctl.reservation(job)
+            old = {c: before.assignments(c) for c in before.components}
+            now = self.ctl.record(job).spec
+        except PlacementError as e:
+            return f"apply {job}: {type(e).__name__}"
+        spec = self.rng.choice([s for s in SPECS if load_spec(s) != now])
+        if self.rng.random() < 0.33:
+            crash = self.rng.choice(APPLY_STEPS)
+            self.faults["controller killed during apply"] += 1
+            ray.get(self.ctl.handle.arm_fault.remote(crash))
+        try:
+            got = self.ctl.apply(job, spec, timeout_s=4, progress=lambda m: None)
+        except PlacementError as e:
+            if crash:
+                ray.get(self.ctl.handle.arm_fault.remote(None))
+            return f"apply {job} {spec['component_placement']}: {type(e).__name__}"
+        if crash:
+            ray.get(self.ctl.handle.arm_fault.remote(None))  # if the step was never reached
+        after = self.ctl.reservation(job)
+        for c in got.components:
+            for r in c.stays:
+                a, b = old[c.name][r], after.assignments(c.name)[r]
+                if (a.placement_group_id, a.placement.cuda_visible_devices) != (
+                    b.placement_group_id,
+                    b.placement.cuda_visible_devices,
+                ):
+                    self.violations.append(f"{job}/{c.name}:{r} said to stay but moved")
+        where = f" (killed at {crash})" if crash else ""
+        return (
+            f"apply {job} {spec['component_placement']}{where}: epoch {got.epoch}, slots "
+            f"{got.slots_kept} kept {got.slots_created} made {got.slots_removed} removed"
+        )
 
     def remove(self, node) -> None:
         """Remove a node and wait until Ray itself reports it dead, so the settle check

@@ -19,6 +19,7 @@ from controller.errors import (
     TableUnreadable,
     UnknownReservation,
 )
+from controller.runtime.applying import ApplyingMixin
 from controller.runtime.io import ClusterIO
 from controller.runtime.leasing import Leasing
 from controller.runtime.reconcile import Reconciling
@@ -47,6 +48,11 @@ FAULT_STEPS = frozenset(
         "replace_after_create",
         "replace_after_probe",
         "replace_after_write",
+        "apply_after_intent",
+        "apply_after_rebuild_removal",
+        "apply_after_create",
+        "apply_after_probe",
+        "apply_after_write",
     }
 )
 RECOVERY_WAIT_S = 60.0
@@ -58,7 +64,7 @@ class SimulatedCrash(BaseException):
     it unwinds the call without running any rollback, as a real crash would."""
 
 
-class PlacementController(Reserving, Reconciling, Repairing, Leasing):
+class PlacementController(Reserving, ApplyingMixin, Reconciling, Repairing, Leasing):
     """Owns every placectl reservation of a cluster.
 
     Fault-tolerance contract:
@@ -79,9 +85,13 @@ class PlacementController(Reserving, Reconciling, Repairing, Leasing):
       check of every group every ``settings.full_check_period`` as a safety net. The loop never
       dies: a failing tick is logged and the next one runs.
     * **Recovery** reloads the table, rolls back ``pending`` reservations cut short,
-      finishes ``releasing`` ones, and removes orphans: groups with this controller's
-      name prefix that no record references.
+      finishes ``releasing`` ones, clears the intent of an ``apply`` cut short, and
+      removes orphans: groups with this controller's name prefix that no record
+      references (also at every full check).
     * **Removal is verified**: a release is done only once Ray reports every group gone.
+    * **Apply keeps what does not change**: a new configuration for a live reservation
+      keeps every slot whose bundles are unchanged and every rank whose placement is; it
+      is all or nothing, and a restart in the middle of it rolls it back.
     * **An unreadable table is never acted on.** A table written by a newer placectl, or
       one that cannot be decoded, makes the controller refuse every call with the reason
       and touch nothing, not even orphans; the bytes stay. It tries again every few

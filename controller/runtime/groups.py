@@ -142,6 +142,8 @@ async def probe(
             bundles.append(b)
         return msgspec.structs.replace(slot, bundles=bundles)
 
+    if not slots:
+        return []
     remaining = max(deadline - time.monotonic(), 1.0)
     tasks = [asyncio.ensure_future(one_slot(s)) for s in slots]
     try:

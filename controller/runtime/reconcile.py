@@ -101,6 +101,10 @@ class Reconciling:
         table = await self._io.groups()
         for job in sorted(self._records):
             res = self._records[job]
+            if res.applying is not None:
+                log.warning("rolling back an apply to %r cut short by a restart", job)
+                res = msgspec.structs.replace(res, applying=None)
+                await self._commit(res)  # its groups are orphans now
             if res.state in (PENDING, RELEASING):
                 log.warning("finishing %s reservation %r cut short by a restart", res.state, job)
                 try:
@@ -125,6 +129,9 @@ class Reconciling:
         right now are not orphans."""
         names = {s.group_name for r in self._records.values() for s in r.slots}
         names.update(n for made in self._making.values() for n in made)
+        for r in self._records.values():
+            if r.applying is not None:  # an apply is making them
+                names.update(r.applying.group_names)
         ids = {g for r in self._records.values() for g in r.group_ids()}
         return {
             gid
@@ -231,11 +238,22 @@ class Reconciling:
         for job, res in list(self._records.items()):
             if self._lock(job).locked() or job in self._reserving:
                 continue
-            if res.state == DEGRADED and res.repair == AUTO:
+            if res.applying is not None:  # an apply that could not clear its intent
+                self._spawn(self._clear_intent(job))
+            elif res.state == DEGRADED and res.repair == AUTO:
                 self._schedule_repair(job)
             elif res.state in (PENDING, RELEASING) and job not in self._finishing:
                 self._finishing.add(job)
                 self._spawn(self._finish_release(job))
+
+    async def _clear_intent(self, job: str) -> None:
+        async with self._lock(job):
+            res = self._records.get(job)
+            if res is not None and res.applying is not None:
+                try:
+                    await self._commit(msgspec.structs.replace(res, applying=None))
+                except Exception as e:
+                    log.info("clearing the apply intent of %r: %s", job, e)
 
     async def _finish_release(self, job: str) -> None:
         try:

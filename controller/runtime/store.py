@@ -160,6 +160,11 @@ class Store:
         await self._put(k, v)
         return len(k) + len(v)
 
+    async def delete_components(self, job: str, components: list[str]) -> None:
+        """Remove the stored assignments of components a record no longer has."""
+        for component in components:
+            await self._delete(component_key(job, component))
+
     async def delete(self, record: ReservationRecord) -> None:
         """Forget a released job: the record first, then what hangs off it. The epoch
         counter stays, so the name's next reservation continues the count."""

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Growing a running job: apply + sync against release + reserve + relaunch, side by side.
+
+A local cluster (a head and four raylets with 4 fake GPUs each) runs a colocated layout
+(``actor,rollout``) on 8 GPUs with 8 actor workers; the job then grows to 16 GPUs and 16
+workers, in alternating trials:
+
+* ``apply``: ``ctl.apply`` with the new placement, then ``WorkerGroup.sync()``;
+* ``baseline``: what a framework without elastic reservations does: release, reserve the
+  new layout, launch every worker again.
+
+Each is timed from the decision to grow to every worker of the grown group answering,
+and counts the workers of the first 8 ranks that were restarted (their actor ids).
+
+Usage: scripts/bench_apply.py [--trials 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import ray
+from ray.cluster_utils import Cluster
+
+import clients
+
+GPUS, NODES = 4, 4
+SMALL = {"num_nodes": 1 + NODES, "component_placement": {"actor,rollout": "0-7"}}
+LARGE = {"num_nodes": 1 + NODES, "component_placement": {"actor,rollout": "0-15"}}
+
+
+APPLY_PART: list[float] = []  # of the apply path, the apply call alone
+
+
+class Worker:
+    def actor_id(self):
+        return ray.get_runtime_context().get_actor_id()
+
+
+def start(ctl):
+    res = ctl.reserve("bench-apply", SMALL, timeout_s=300)
+    group = clients.WorkerGroup.launch(res, "actor", Worker, progress=lambda m: None)
+    return group, group.execute("actor_id")
+
+
+def by_apply(ctl) -> tuple[float, int]:
+    group, ids = start(ctl)
+    began = time.perf_counter()
+    ctl.apply("bench-apply", LARGE, progress=lambda m: None)
+    APPLY_PART.append(time.perf_counter() - began)
+    group.sync()
+    now = group.execute("actor_id")
+    took = time.perf_counter() - began
+    assert len(now) == 16
+    restarted = sum(a != b for a, b in zip(ids, now[:8], strict=True))
+    group.shutdown()
+    ctl.release("bench-apply")
+    return took, restarted
+
+
+def by_release_and_reserve(ctl) -> tuple[float, int]:
+    group, ids = start(ctl)
+    began = time.perf_counter()
+    group.shutdown()
+    ctl.release("bench-apply")
+    res = ctl.reserve("bench-apply", LARGE, timeout_s=300, progress=lambda m: None)
+    group = clients.WorkerGroup.launch(res, "actor", Worker, progress=lambda m: None)
+    now = group.execute("actor_id")
+    took = time.perf_counter() - began
+    assert len(now) == 16
+    restarted = sum(a != b for a, b in zip(ids, now[:8], strict=True))
+    group.shutdown()
+    ctl.release("bench-apply")
+    return took, restarted
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=3)
+    args = ap.parse_args()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+    for _ in range(NODES):
+        cluster.add_node(num_cpus=GPUS * 2, num_gpus=GPUS)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+    ctl = clients.connect()
+    print(f"{NODES} nodes x {GPUS} fake GPUs; actor,rollout 0-7 -> 0-15 with 8 -> 16 workers")
+    samples: dict[str, list[tuple[float, int]]] = {"apply": [], "baseline": []}
+    try:
+        for t in range(args.trials):
+            order = ("apply", "baseline") if t % 2 == 0 else ("baseline", "apply")
+            for name in order:
+                fn = by_apply if name == "apply" else by_release_and_reserve
+                samples[name].append(fn(ctl))
+            print(
+                f"  trial {t + 1}: apply {samples['apply'][-1][0]:.2f} s, "
+                f"release+reserve+relaunch {samples['baseline'][-1][0]:.2f} s"
+            )
+    finally:
+        ctl.release_all()
+        ray.shutdown()
+        cluster.shutdown()
+    base = statistics.median(s for s, _ in samples["baseline"])
+    for label, name in (
+        ("release + reserve + relaunch", "baseline"),
+        ("apply + sync", "apply"),
+    ):
+        times = [s for s, _ in samples[name]]
+        med = statistics.median(times)
+        restarts = max(r for _, r in samples[name])
+        print(
+            f"  {label:<30} median {med:6.2f} s ({med / base:.2f}x)  unchanged workers "
+            f"restarted: {restarts} of 8   samples {' '.join(f'{x:.2f}' for x in times)}"
+        )
+    print(f"  of which the apply call: median {statistics.median(APPLY_PART):.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
