@@ -45,6 +45,8 @@ class Reconciling:
         self._background: set[asyncio.Task] = set()
         self._finishing: set[str] = set()
         self._sweeping = False  # an orphan removal runs in the background
+        self._held_names: set[str] = set()  # group names and ids the records reference
+        self._held_ids: set[str] = set()
         self.tick_stats: dict[str, float] = {}
 
     def _index(
@@ -58,6 +60,13 @@ class Reconciling:
                     del self._by_node[node]
         for node in new.node_ids() if new else ():
             self._by_node.setdefault(node, set()).add(job)
+        for record, held in ((old, False), (new, True)):  # what the orphan sweep keeps
+            for s in record.slots if record else ():
+                for mine, value in ((self._held_names, s.group_name), (self._held_ids, s.group_id)):
+                    if held:
+                        mine.add(value)
+                    else:
+                        mine.discard(value)
 
     def _set_nodes(self, infos: list[NodeInfo]) -> bool:
         """Take a full node list; True if a node joined since the last one."""
@@ -94,6 +103,8 @@ class Reconciling:
         self._published.clear()
         self._encoded.clear()
         self._by_node.clear()
+        self._held_names.clear()
+        self._held_ids.clear()
         for job, res in loaded.records.items():
             self._records[job] = res
             self._index(job, None, res)
@@ -127,19 +138,18 @@ class Reconciling:
         """Live groups with this controller's prefix that no record names: left by a call
         cut short, or by a removal Ray did not confirm in time. Groups a repair is making
         right now are not orphans."""
-        names = {s.group_name for r in self._records.values() for s in r.slots}
-        names.update(n for made in self._making.values() for n in made)
+        making = {n for made in self._making.values() for n in made}
         for r in self._records.values():
             if r.applying is not None:  # an apply is making them
-                names.update(r.applying.group_names)
-        ids = {g for r in self._records.values() for g in r.group_ids()}
+                making.update(r.applying.group_names)
         return {
             gid
             for gid, info in table.items()
-            if info.name.startswith(self._prefix)
+            if gid not in self._held_ids
             and info.state != REMOVED
-            and gid not in ids
-            and info.name not in names
+            and info.name.startswith(self._prefix)
+            and info.name not in self._held_names
+            and info.name not in making
         }
 
     async def _remove_orphans(self, table: dict[str, GroupInfo]) -> None:

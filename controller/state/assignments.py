@@ -151,24 +151,29 @@ def _sharers(plan: JobPlan) -> dict[tuple[int, str, str, int], int]:
     return counts
 
 
-Located = dict[tuple[int, BundleKey], tuple[SlotRecord, int, BundleRecord]]
+Found = tuple[SlotRecord, int, BundleRecord]  # the slot, the bundle's index in it, the bundle
 
 
-def _locate(res: ReservationRecord) -> Located:
-    """Every bundle of the reservation by (node rank, what it is for): its slot, its index
-    in that slot, and the bundle (a node may hold several slots)."""
-    return {
-        (s.node_rank, bundle_key(b)): (s, i, b) for s in res.slots for i, b in enumerate(s.bundles)
-    }
+class Located:
+    """Every bundle of a reservation by node rank and what it is for (a node may hold
+    several slots): accelerators by planned local index, the rest by bundle key."""
 
-
-def _accelerator(located: Located, p: Placement, g: int) -> tuple[SlotRecord, int, BundleRecord]:
-    return located[(p.node_rank, (ACCELERATOR, "", g))]
+    def __init__(self, res: ReservationRecord) -> None:
+        self.accelerators: dict[int, dict[int, Found]] = {}
+        self.others: dict[tuple[int, BundleKey], Found] = {}
+        for s in res.slots:
+            mine = self.accelerators.setdefault(s.node_rank, {})
+            for i, b in enumerate(s.bundles):
+                if b.kind == ACCELERATOR:
+                    mine[b.local_index] = (s, i, b)
+                else:
+                    self.others[(s.node_rank, bundle_key(b))] = (s, i, b)
 
 
 def _seen_devices(p: Placement, slot: SlotRecord, located: Located) -> dict[str, Any]:
     """A hardware or node process: the physical ids of the accelerators it sees."""
-    visible = [_accelerator(located, p, g)[2] for g in p.cuda_visible_devices]
+    on_node = located.accelerators.get(p.node_rank, {})
+    visible = [on_node[g][2] for g in p.cuda_visible_devices]
     return {
         "placement": msgspec.structs.replace(
             p,
@@ -181,14 +186,15 @@ def _seen_devices(p: Placement, slot: SlotRecord, located: Located) -> dict[str,
 
 
 def _accelerator_fields(p: Placement, located: Located) -> tuple[SlotRecord, dict[str, Any]]:
-    held = [_accelerator(located, p, g) for g in p.local_resource_ranks]
+    on_node = located.accelerators[p.node_rank]
+    held = [on_node[g] for g in p.local_resource_ranks]
     slot, anchor, first = held[0]
-    if any(h[0] is not slot for h in held):
+    if len(held) > 1 and any(h[0] is not slot for h in held):
         raise PlacementError(
             f"{p.component}:{p.rank} holds accelerators in several placement groups on node "
             f"rank {p.node_rank}; a process and its children need them in one"
         )
-    visible = [_accelerator(located, p, g)[2] for g in p.cuda_visible_devices]
+    visible = [on_node[g][2] for g in p.cuda_visible_devices]
     placed = msgspec.structs.replace(
         p,
         node_id=slot.node_id,
@@ -219,7 +225,7 @@ def build_assignments(res: ReservationRecord, plan: JobPlan) -> dict[str, list[A
         PlacementError: a node group's env_vars set a variable placectl owns.
     """
     spec = res.spec
-    located = _locate(res)
+    located = Located(res)
     ip_of = {s.node_rank: s.node_ip for s in res.slots}
     sharers = _sharers(plan)
     node_group_env: dict[tuple[str, int], tuple[dict[str, str], str | None]] = {}
@@ -248,7 +254,8 @@ def build_assignments(res: ReservationRecord, plan: JobPlan) -> dict[str, list[A
                     resources = {spec.accelerator: p.accelerator_share}
             else:
                 key = _bundle_key(p)
-                slot, anchor, bundle = located[(p.node_rank, (p.kind, p.hardware or "", key[3]))]
+                found = located.others[(p.node_rank, (p.kind, p.hardware or "", key[3]))]
+                slot, anchor, bundle = found
                 k = sharers[key]
                 if p.kind == HARDWARE:
                     resources = {p.hardware: floor_share(1.0 / k)}

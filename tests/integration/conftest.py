@@ -25,18 +25,24 @@ def pytest_collection_modifyitems(items):
         item.add_marker(pytest.mark.integration)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """Head (no GPUs) + two nodes of 4 fake GPUs and 4 CPUs each."""
+def local_cluster(gpu_nodes: int = GPU_NODES):
+    """A head without GPUs and ``gpu_nodes`` nodes of 4 fake GPUs and 4 CPUs each, with
+    this process connected; for a module fixture to yield from."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
-    for _ in range(GPU_NODES):
-        c.add_node(num_cpus=4, num_gpus=GPUS_PER_NODE)
+    for _ in range(gpu_nodes):
+        c.add_node(num_cpus=GPUS_PER_NODE, num_gpus=GPUS_PER_NODE)
     c.wait_for_nodes()
     ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
     yield c
     ray.shutdown()
     c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head (no GPUs) + two nodes of 4 fake GPUs and 4 CPUs each."""
+    yield from local_cluster()
 
 
 @pytest.fixture(scope="module")

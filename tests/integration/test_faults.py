@@ -12,11 +12,10 @@ import time
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 import clients
 from controller import PlacementError
-from tests.integration.conftest import live_groups, wait_for
+from tests.integration.conftest import live_groups, local_cluster, wait_for
 
 GPUS = 4
 
@@ -24,15 +23,7 @@ GPUS = 4
 @pytest.fixture(scope="module")
 def cluster():
     """Head (no GPUs) + three nodes of 4 fake GPUs: two to reserve, one spare."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
-    for _ in range(3):
-        c.add_node(num_cpus=GPUS, num_gpus=GPUS)
-    c.wait_for_nodes()
-    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    yield from local_cluster(gpu_nodes=3)
 
 
 def spec(placement: str, num_nodes: int = 3, **more) -> dict:

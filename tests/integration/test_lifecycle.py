@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import msgspec
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 from ray.experimental import internal_kv
 from ray.util.placement_group import placement_group_table
 
@@ -19,7 +17,7 @@ from controller.errors import StaleReservation, TableUnreadable
 from controller.runtime.ray_io import node_infos
 from controller.runtime.reserving import live_view
 from controller.state.table import KV_NAMESPACE, LEGACY_KEY, RECORD, key, kv_prefix
-from tests.integration.conftest import live_groups, wait_for
+from tests.integration.conftest import live_groups, local_cluster, wait_for
 from tests.unit.fakes import v1_table
 
 GPUS = 4
@@ -28,15 +26,7 @@ GPUS = 4
 @pytest.fixture(scope="module")
 def cluster():
     """Head (no GPUs) + three nodes of 4 fake GPUs: two to reserve, one spare."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
-    for _ in range(3):
-        c.add_node(num_cpus=GPUS, num_gpus=GPUS)
-    c.wait_for_nodes()
-    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    yield from local_cluster(gpu_nodes=3)
 
 
 def spec(placement: str, num_nodes: int = 3, **more) -> dict:

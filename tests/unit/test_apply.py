@@ -308,3 +308,47 @@ def test_sync_plans_from_the_assignments_a_group_was_started_with():
         await ctl.stop()
 
     run(go())
+
+
+def test_the_status_map_shows_a_node_with_two_groups_as_one_row():
+    from clients.render import render_reservation
+    from controller.state.status import summarize
+
+    async def go():
+        fake = cluster(gpu_nodes=2, gpus=8)
+        ctl = await controller(fake)
+        await ctl.reserve("j", conf(rollout="0-3"), 5)
+        await ctl.apply("j", conf(rollout="0-7"), 5)
+        rec = stored(fake, "j")
+        text = render_reservation(summarize(rec), published(fake, "j").components)
+        first, second = (s.group_id for s in rec.slots)
+        assert text.splitlines()[0] == "j: ready, epoch 2, 1 node(s), 8 GPU"
+        assert f"groups {first}, {second}" in text
+        cells = [line.split() for line in text.splitlines()[2:]]
+        assert cells == [[f"GPU{g}", f"rollout:{g}"] for g in range(8)]
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_published_block_round_trips_through_its_assignments():
+    from controller.state.published import ComponentBlock, _block
+    from controller.state.table import component_key
+
+    async def go():
+        fake = cluster(gpu_nodes=2, gpus=4)
+        ctl = await controller(fake)
+        conf2 = conf(actor="0-3", engine={"placement": "4-7:0-1", "capture_child_tasks": True})
+        await ctl.reserve("j", conf2, 5)
+        await ctl.apply(
+            "j",
+            {**conf2, "component_placement": {**conf2["component_placement"], "actor": "0-1"}},
+            5,
+        )
+        rec = stored(fake, "j")
+        for name in rec.world_sizes:
+            block = msgspec.msgpack.decode(fake.kv[component_key("j", name)], type=ComponentBlock)
+            assert _block(rec, name, block.assignments()) == block
+        await ctl.stop()
+
+    run(go())
