@@ -241,17 +241,22 @@ class Chaos:
         except PlacementError:  # format 1 until the restarted controller migrates it
             return None
 
-    def settled(self) -> bool:
-        """No call in flight, the groups match the table, and the controller has seen
-        every node death (a ready reservation has all its groups placed)."""
+    def snapshot(self):
+        """The table and the live groups, read together, and whether they have settled:
+        no call in flight, the groups match the table, and the controller has seen every
+        node death (a ready reservation has all its groups placed). The checks use this
+        very snapshot, so a repair that starts after it (a raylet may also die on its
+        own) cannot be mistaken for a leak."""
         table = self.table()
         if table is None:
-            return False
-        if any(r.state in ("pending", "releasing") for r in table.values()):
-            return False
-        if self._live_groups() != {s.group_id for r in table.values() for s in r.slots}:
-            return False
-        return not self._unplaced_but_ready(table)
+            return False, None, set()
+        live = self._live_groups()
+        ok = (
+            not any(r.state in ("pending", "releasing") or r.applying for r in table.values())
+            and live == {s.group_id for r in table.values() for s in r.slots}
+            and not self._unplaced_but_ready(table)
+        )
+        return ok, table, live
 
     @staticmethod
     def _unplaced_but_ready(table) -> list[str]:
@@ -276,8 +281,12 @@ class Chaos:
 
     def check(self, i: int) -> None:
         # Let replacements that can happen, happen (a degraded one may wait for a node).
-        self.wait(self.settled, 60)
-        table = self.table()
+        deadline = time.monotonic() + 60
+        while True:
+            ok, table, live = self.snapshot()
+            if ok or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         if table is None:
             self.violations.append(f"step {i}: the table was never migrated")
             return
@@ -292,7 +301,6 @@ class Chaos:
         bad += [f"double-booked {k}" for k, n in held.items() if n > 1]
         ports = Counter((x.node_id, p) for r in table.values() for x in r.leases for p in x.ports)
         bad += [f"port leased twice {k}" for k, n in ports.items() if n > 1]
-        live = self._live_groups()
         referenced = {s.group_id for r in table.values() for s in r.slots}
         if live != referenced:
             bad.append(
