@@ -7,8 +7,6 @@ only the component it asks for.
 
 from __future__ import annotations
 
-import operator
-
 import msgspec
 
 from controller.planning.placement import Placement
@@ -36,23 +34,6 @@ class Row(msgspec.Struct, frozen=True, array_like=True):
     epoch: int = 0  # the epoch this rank's assignment was made in (0: the block's)
 
 
-# What a Row and an Assignment hold alike, field for field.
-_SHARED = (
-    "placement",
-    "bundle_index",
-    "num_gpus",
-    "num_cpus",
-    "resources",
-    "python",
-    "bundle_indices",
-    "child_share",
-    "device_uuids",
-    "pci_bus_ids",
-    "ray_sets_devices",
-)
-_shared = operator.attrgetter(*_SHARED)
-
-
 class ComponentBlock(msgspec.Struct, frozen=True, kw_only=True):
     """One component's assignments of one reservation epoch, as stored for drivers
     (one GCS key each): what every rank shares once, then a row per rank."""
@@ -71,8 +52,8 @@ class ComponentBlock(msgspec.Struct, frozen=True, kw_only=True):
     def assignments(self) -> list[Assignment]:
         """Every rank's :class:`Assignment`, in rank order."""
         common, groups = self.env, self.groups
-        # Field by field rather than through _SHARED: this is a driver's hot path, and a
-        # generic copy takes twice as long (tests round-trip every field).
+        # Field by field, here and in _block: a generic copy takes twice as long on this,
+        # a driver's hot path (tests round-trip every field).
         return [
             Assignment(
                 placement=r.placement,
@@ -115,9 +96,19 @@ def _block(res: ReservationRecord, name: str, items: list[Assignment]) -> Compon
             del common[k]
     rows = [
         Row(
-            **dict(zip(_SHARED, _shared(a), strict=True)),
+            placement=a.placement,
             slot=slots[a.placement_group_id],
+            bundle_index=a.bundle_index,
+            num_gpus=a.num_gpus,
+            num_cpus=a.num_cpus,
             env={k: v for k, v in a.env.items() if k not in common},
+            resources=a.resources,
+            python=a.python,
+            bundle_indices=a.bundle_indices,
+            child_share=a.child_share,
+            device_uuids=a.device_uuids,
+            pci_bus_ids=a.pci_bus_ids,
+            ray_sets_devices=a.ray_sets_devices,
             epoch=a.epoch if a.epoch != res.epoch else 0,
         )
         for a in items
