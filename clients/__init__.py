@@ -10,7 +10,7 @@ from typing import Any
 _LAZY = {
     "connect": "clients.session",
     "Controller": "clients.session",
-    "Reservation": "clients.session",
+    "Reservation": "clients.reservation",
     "WorkerGroup": "clients.workers",
     "current": "clients.inside",
     "PlacementError": "controller.errors",

@@ -130,6 +130,26 @@ def test_without_a_spare_it_stays_degraded_until_a_node_joins(cluster, ctl):
     ctl.release("nospare")
 
 
+def test_manual_repair_waits_for_the_driver(cluster, ctl):
+    res = ctl.reserve("manual", spec("0-3"), timeout_s=60, repair="manual")
+    lost = res.info.slots[0]
+    cluster.remove_node(node_of(cluster, lost.node_id))
+    wait_for(lambda: "repair policy is manual" in ctl.status("manual").reason, timeout=30)
+    time.sleep(1)  # the loop has had ticks to act; it must not
+    assert res.refresh().state == "degraded" and res.epoch == 1
+    info = res.repair()
+    assert info.state == "ready" and res.state == "ready" and res.epoch == 2
+    slot = info.slots[0]
+    table = ray.util.placement_group_table()
+    assert table[slot.group_id]["state"] == "CREATED" and slot.node_id != lost.node_id
+    assert {n["NodeID"] for n in ray.nodes() if n["Alive"]} >= {slot.node_id}
+    assert table[lost.group_id]["state"] not in ("CREATED", "RESCHEDULING")
+    assert [a.placement.node_id for a in res.assignments("actor")] == [slot.node_id] * 4
+    assert_no_leak(ctl)
+    ctl.release("manual")
+    restore(cluster)
+
+
 @pytest.mark.parametrize(
     "step",
     ["replace_after_plan", "replace_after_create", "replace_after_probe", "replace_after_write"],

@@ -1,0 +1,171 @@
+"""A driver's view of one reservation: its state, assignments, ports and readiness."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from controller import PlacementError
+from controller.errors import ReservationError, ReservationTimeout, StaleReservation
+from controller.state.assignments import Assignment
+from controller.state.published import ComponentBlock
+from controller.state.records import ReservationRecord
+from controller.state.status import ReservationInfo, summarize
+
+if TYPE_CHECKING:
+    from clients.session import Controller
+
+_BLOCK = msgspec.msgpack.Decoder(ComponentBlock)
+
+
+class Reservation:
+    """A driver's view of one reservation.
+
+    Assignments come from the table in the GCS, published by the controller for each
+    epoch: looking them up never queues behind other drivers and never re-plans. The
+    view follows the reservation: when its uid (a new reservation of the same name) or
+    epoch (a replaced slot) changes, the next lookup serves the new assignments.
+    """
+
+    def __init__(self, controller: Controller, source: ReservationRecord | ReservationInfo):
+        self.controller = controller
+        self._record: ReservationRecord | None = None
+        self._info: ReservationInfo | None = None
+        self._blocks: dict[str, list[Assignment]] = {}
+        self._of: tuple[str, int] = ("", 0)  # the uid and epoch of the cached blocks
+        if isinstance(source, ReservationRecord):
+            self._adopt(source)
+        else:
+            self._info = source
+
+    def _adopt(self, record: ReservationRecord) -> None:
+        if self._of != (record.uid, record.epoch):
+            self._blocks = {}
+            self._of = (record.uid, record.epoch)
+        self._record = record
+        self._info = None  # summarised when asked for
+
+    @property
+    def info(self) -> ReservationInfo:
+        """The reservation as ``status`` shows it, as of the last read."""
+        if self._info is None:
+            self._info = summarize(self._record)
+        return self._info
+
+    @property
+    def job(self) -> str:
+        return self._record.job if self._record is not None else self.info.job
+
+    @property
+    def epoch(self) -> int:
+        return self._record.epoch if self._record is not None else self.info.epoch
+
+    @property
+    def uid(self) -> str:
+        return self._record.uid if self._record is not None else self.info.uid
+
+    @property
+    def state(self) -> str:
+        return self._record.state if self._record is not None else self.info.state
+
+    @property
+    def components(self) -> list[str]:
+        if self._record is not None:
+            return list(self._record.world_sizes)
+        return list(self.info.components)
+
+    def refresh(self) -> ReservationInfo:
+        """Re-read the stored record (state, epoch, identity, slots)."""
+        self._adopt(self.controller.record(self.job))
+        return self.info
+
+    def _refresh_record(self) -> None:
+        self._adopt(self.controller.record(self.job))
+
+    def _load(self, component: str) -> list[Assignment]:
+        record = self._record
+        for _ in range(5):
+            block = self.controller.component(self.job, component)
+            if block is not None and (block.uid, block.epoch) == (record.uid, record.epoch):
+                return block.assignments()
+            time.sleep(0.05)  # the controller writes assignments just before the record
+            self._refresh_record()
+            record = self._record
+        # Still apart (a write that failed half way): the controller's memory is consistent.
+        block = _BLOCK.decode(self.controller._call("component", self.job, component))
+        if (block.uid, block.epoch) != (record.uid, record.epoch):
+            raise StaleReservation(f"reservation {self.job!r} changed while being read; retry")
+        return block.assignments()
+
+    def assignments(self, component: str) -> list[Assignment]:
+        """Each rank's :class:`Assignment` for ``component``, in rank order, as of the
+        reservation's current uid and epoch: one read of the record, and of the
+        component's assignments only when they changed."""
+        self._refresh_record()
+        if self.state not in ("ready", "degraded"):
+            raise ReservationError(
+                f"reservation {self.job!r} is {self.state}; assignments need ready"
+            )
+        if component not in self._record.world_sizes:
+            raise PlacementError(
+                f"unknown component {component!r} in {self.job!r}; it has "
+                f"{', '.join(self._record.world_sizes)}"
+            )
+        if component not in self._blocks:
+            self._blocks[component] = self._load(component)
+        return self._blocks[component]
+
+    def release(self) -> bool:
+        return self.controller.release(self.job)
+
+    def repair(self) -> ReservationInfo:
+        """Replace lost slots now (the ``manual`` repair policy waits for this)."""
+        self.controller.repair(self.job)
+        return self.refresh()
+
+    def lease_ports(
+        self,
+        component: str,
+        rank: int = 0,
+        count: int = 1,
+        consecutive: bool = True,
+        name: str | None = None,
+    ) -> list[int]:
+        """Lease ``count`` ports on the node of ``component``'s ``rank``.
+
+        Each call returns ports not returned before while they are leased (concurrent
+        callers included), checked free on that node and outside its ephemeral port
+        range; ``consecutive`` asks for an unbroken run. With ``name`` the call is
+        idempotent; without, a retry of this very call (by Ray, after a controller
+        crash) still finds its lease. Leases end with the reservation or
+        :meth:`release_ports`.
+        """
+        request_id = None if name is not None else uuid.uuid4().hex
+        return self.controller._call(
+            "lease_ports", self.job, component, rank, count, consecutive, name, request_id
+        )
+
+    def release_ports(self, ports: list[int]) -> int:
+        """End the leases holding any of ``ports``; master ports stay."""
+        return self.controller._call("release_ports", self.job, list(ports))
+
+    def wait_ready(self, timeout: float = 60.0, poll_s: float = 0.25) -> ReservationInfo:
+        """Block until the reservation is ready (reading only the table); raise
+        ReservationTimeout otherwise."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.refresh()
+            if info.state == "ready":
+                return info
+            if time.monotonic() >= deadline:
+                raise ReservationTimeout(
+                    f"reservation {self.job!r} is still {info.state} after {timeout:g}s: "
+                    f"{info.reason}"
+                )
+            time.sleep(poll_s)
+
+
+__all__ = ["Reservation"]
