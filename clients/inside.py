@@ -8,7 +8,8 @@ from controller import PlacementError
 from controller.errors import StaleReservation
 from controller.state.assignments import Assignment
 
-_CURRENT: dict[tuple, Assignment] = {}
+# (controller, job, component, rank) -> (the record's uid and epoch, the rank's assignment)
+_CURRENT: dict[tuple, tuple[tuple[str, int], Assignment]] = {}
 
 
 def current(strict: bool = False) -> Assignment:
@@ -34,14 +35,16 @@ def current(strict: bool = False) -> Assignment:
         raise PlacementError(
             f"not a placectl worker: {', '.join(missing)} not set in the environment"
         )
-    from clients.session import Controller, Reservation
+    from clients.reservation import Reservation
+    from clients.session import Controller
 
     job, component, rank = env["PLACECTL_JOB"], env["PLACECTL_COMPONENT"], int(env["RANK"])
     name = env.get("PLACECTL_CONTROLLER", "placectl")
     ctl = Controller(None, name)
     record = ctl.record(job)
-    key = (name, job, record.uid, record.epoch, component, rank)
-    if key not in _CURRENT:
+    key = (name, job, component, rank)
+    cached = _CURRENT.get(key)
+    if cached is None or cached[0] != (record.uid, record.epoch):
         items = (
             Reservation(ctl, record).assignments(component)
             if component in record.world_sizes
@@ -52,8 +55,8 @@ def current(strict: bool = False) -> Assignment:
                 f"{job} (uid {record.uid}, epoch {record.epoch}) has no rank {rank} of "
                 f"{component!r} any more"
             )
-        _CURRENT[key] = items[rank]
-    now = _CURRENT[key]
+        _CURRENT[key] = ((record.uid, record.epoch), items[rank])
+    now = _CURRENT[key][1]
     mine = (env.get("PLACECTL_UID", ""), env.get("PLACECTL_EPOCH", ""))
     if strict and mine != (now.uid, str(now.epoch)):
         raise StaleReservation(

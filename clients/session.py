@@ -16,6 +16,7 @@ from controller.errors import (
     TableUnreadable,
     UnknownReservation,
 )
+from controller.runtime.io import HEAD_RESOURCE
 from controller.state.change import ApplySummary
 from controller.state.published import ComponentBlock
 from controller.state.records import AUTO, ReservationRecord
@@ -35,7 +36,6 @@ from controller.state.table import (
 
 DEFAULT_NAME = "placectl"
 DEFAULT_NAMESPACE = "placectl"
-HEAD_RESOURCE = "node:__internal_head__"
 # Ray before 2.60 kills, at its first task, a process whose visible devices are set from
 # its runtime environment and are fewer than the node's (an IndexError in Ray's
 # get_accelerator_ids): every placectl process that holds several accelerators.
@@ -163,10 +163,15 @@ class Controller:
         self.namespace = namespace
         self._table = table if table is not None else RayTable(name)
 
-    def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
-        if self.handle is None:  # made for reading the table only; find the actor now
+    def _actor(self) -> Any:
+        """The controller actor's handle, looked up on first use by a Controller made
+        for reading the table only."""
+        if self.handle is None:
             self.handle = ray.get_actor(self.name, namespace=self.namespace)
-        ref = getattr(self.handle, method).remote(*args)
+        return self.handle
+
+    def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        ref = getattr(self._actor(), method).remote(*args)
         return _unwrap(lambda: ray.get(ref, timeout=timeout))
 
     def check_alive(self) -> str:
@@ -205,7 +210,7 @@ class Controller:
             ReservationCancelled: a ``release`` of the job (or Ctrl-C) cancelled it.
         """
         spec = spec if isinstance(spec, ClusterSpec) else load_spec(spec)
-        ref = self.handle.reserve.remote(job, spec, timeout_s, replace, repair)
+        ref = self._actor().reserve.remote(job, spec, timeout_s, replace, repair)
         try:
             self._follow(ref, job, progress)
         except KeyboardInterrupt:
@@ -253,9 +258,7 @@ class Controller:
             PlacementError: the configuration is invalid or does not fit the cluster.
         """
         spec = spec if isinstance(spec, ClusterSpec) else load_spec(spec)
-        if self.handle is None:
-            self.handle = ray.get_actor(self.name, namespace=self.namespace)
-        ref = self.handle.apply.remote(job, spec, timeout_s, plan)
+        ref = self._actor().apply.remote(job, spec, timeout_s, plan)
         self._follow(ref, job, progress)
         return _SUMMARY.decode(_unwrap(lambda: ray.get(ref)))
 
@@ -339,7 +342,7 @@ class Controller:
     def stop(self) -> None:
         """Kill the controller actor. Reservations and their groups stay; a new
         controller picks them up from the table."""
-        ray.kill(self.handle, no_restart=True)
+        ray.kill(self._actor(), no_restart=True)
 
 
 __all__ = [

@@ -31,6 +31,17 @@ def worker_name(job: str, component: str, rank: int) -> str:
     return f"{job}.{component}.{rank}"
 
 
+def detached_worker(name: str, kind: str = "worker") -> Any:
+    """The running detached worker ``name``; PlacementError when there is none."""
+    try:
+        return ray.get_actor(name, namespace=WORKER_NAMESPACE)
+    except ValueError:
+        raise PlacementError(
+            f"no running {kind} {name!r} (namespace {WORKER_NAMESPACE!r}); start the group "
+            "with detached=True first"
+        ) from None
+
+
 def _check_env(env: dict[str, str] | None) -> dict[str, str]:
     if env is None:
         return {}
@@ -236,13 +247,7 @@ class WorkerGroup:
         assignments = reservation.assignments(component)
         for a in assignments:
             name = worker_name(reservation.job, component, a.placement.rank)
-            try:
-                actors.append(ray.get_actor(name, namespace=WORKER_NAMESPACE))
-            except ValueError:
-                raise PlacementError(
-                    f"no running worker {name!r} (namespace {WORKER_NAMESPACE!r}); launch "
-                    "the group with detached=True first"
-                ) from None
+            actors.append(detached_worker(name))
         return cls(reservation, component, actors, assignments, detached=True)
 
     @property

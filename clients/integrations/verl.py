@@ -35,9 +35,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
-import ray
 
-from clients.workers import WORKER_NAMESPACE, options_for
+from clients.workers import WORKER_NAMESPACE, detached_worker, options_for
 from controller.errors import PlacementError
 from controller.state.assignments import Assignment
 
@@ -334,13 +333,7 @@ def attach(
     names, handles = [], []
     for a in reservation.assignments(component):
         name = f"{prefix}{cls_name}_{a.placement.placement_node_rank}:{a.placement.local_rank}"
-        try:
-            handles.append(ray.get_actor(name, namespace=WORKER_NAMESPACE))
-        except ValueError:
-            raise PlacementError(
-                f"no running verl worker {name!r} (namespace {WORKER_NAMESPACE!r}); start the "
-                "group with detached=True first"
-            ) from None
+        handles.append(detached_worker(name, "verl worker"))
         names.append(name)
     return PlacectlWorkerGroup.from_detached(
         name_prefix=prefix,

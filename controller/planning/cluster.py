@@ -119,37 +119,3 @@ def load_cluster_view(source) -> ClusterView:
         node = NodeView(**{f: getattr(e, f) for f in NodeView.__struct_fields__})
         nodes.extend([node] * e.count)
     return ClusterView(nodes=nodes)
-
-
-HEAD_RESOURCE = "node:__internal_head__"
-
-
-def view_from_ray_nodes(nodes: list[dict], accelerator: str = "GPU") -> ClusterView:
-    """A cluster view, in node-rank order, from ``ray.nodes()`` entries (alive ones only).
-
-    ``num_gpus`` counts the ``accelerator`` resource; other resources, except Ray's
-    bookkeeping ones (CPU, memory, ``node:*``), become ``resources``; they include
-    ``accelerator_type:*``, which tells one kind of node from another.
-    """
-    views = []
-    for n in nodes:
-        if not n.get("Alive"):
-            continue
-        res = n.get("Resources") or {}
-        custom = {
-            k: float(v)
-            for k, v in res.items()
-            if k not in (accelerator, "CPU", "memory", "object_store_memory")
-            and not k.startswith("node:")
-        }
-        views.append(
-            NodeView(
-                num_gpus=int(res.get(accelerator, 0)),
-                resources=custom,
-                labels={str(k): str(v) for k, v in (n.get("Labels") or {}).items()},
-                node_id=n["NodeID"],
-                ip=n.get("NodeManagerAddress", ""),
-                is_head=HEAD_RESOURCE in res,
-            )
-        )
-    return ClusterView(nodes=order_nodes(views))

@@ -8,7 +8,6 @@ import logging
 import os
 import re
 import secrets
-import time
 from typing import Any
 
 import msgspec
@@ -386,7 +385,3 @@ class PlacementController(Reserving, ApplyingMixin, Reconciling, Repairing, Leas
 
     def _timing(self, **values: float) -> None:
         self.last_timings = {k: round(v, 6) for k, v in values.items()}
-
-    @staticmethod
-    def _now() -> float:
-        return time.monotonic()

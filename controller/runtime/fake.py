@@ -18,6 +18,7 @@ import itertools
 
 from controller.runtime.io import (
     CREATED,
+    HEAD_RESOURCE,
     PENDING,
     REMOVED,
     RESCHEDULING,
@@ -27,8 +28,6 @@ from controller.runtime.io import (
     NodeInfo,
     NullMetrics,
 )
-
-HEAD_RESOURCE = "node:__internal_head__"
 
 
 class FakeFault(RuntimeError):

@@ -17,6 +17,8 @@ from typing import Protocol
 import msgspec
 
 CREATED, PENDING, REMOVED, RESCHEDULING = "CREATED", "PENDING", "REMOVED", "RESCHEDULING"
+# The resource Ray gives the head node only; the controller asks for a sliver of it.
+HEAD_RESOURCE = "node:__internal_head__"
 
 
 class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,11 +16,10 @@ from ray._raylet import PlacementGroupID
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 
 from controller.runtime import probe as tasks
-from controller.runtime.io import DeviceInfo, GroupInfo, NodeEvent, NodeInfo
+from controller.runtime.io import HEAD_RESOURCE, DeviceInfo, GroupInfo, NodeEvent, NodeInfo
 from controller.runtime.metrics import RayMetrics
 
 log = logging.getLogger("placectl.controller")
-HEAD_RESOURCE = "node:__internal_head__"
 GCS_TIMEOUT_S = 10.0
 
 
@@ -48,13 +47,6 @@ def node_infos() -> list[NodeInfo]:
             )
         )
     return out
-
-
-def head_node_id() -> str | None:
-    for n in node_infos():
-        if n.alive and n.is_head:
-            return n.node_id
-    return None
 
 
 def _group_info(gid: str, entry: dict) -> GroupInfo:

@@ -148,10 +148,6 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
     def node_ids(self) -> set[str]:
         return {s.node_id for s in self.slots}
 
-    def slots_on(self, node_rank: int) -> list[SlotRecord]:
-        """The slots on one node rank, in record order."""
-        return [s for s in self.slots if s.node_rank == node_rank]
-
     @property
     def settled(self) -> bool:
         return self.state in (READY, DEGRADED)

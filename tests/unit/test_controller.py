@@ -332,6 +332,22 @@ def test_a_crash_at_each_step_of_a_repair(step):
     run(go())
 
 
+def test_a_group_removed_behind_our_back_is_found_by_the_full_check_and_made_again():
+    async def go():
+        fake = cluster()
+        ctl = await controller(fake)
+        await ctl.reserve("j", spec("0-3"), 5)
+        (slot,) = stored(fake, "j").slots
+        fake.remove_group_behind_back(slot.group_id)  # no node event reports this
+        rec = await until(lambda: (r := stored(fake, "j")).epoch == 2 and r.state == "ready" and r)
+        (again,) = rec.slots
+        assert again.node_id == slot.node_id and again.group_id != slot.group_id
+        assert live_groups(fake) == {again.group_id}
+        await ctl.stop()
+
+    run(go())
+
+
 def test_no_spare_stays_degraded_then_a_joining_node_repairs_it():
     async def go():
         fake = cluster(gpu_nodes=2)
