@@ -18,6 +18,7 @@ _LAZY = {
     "ReservationTimeout": "controller.errors",
     "ReservationConflict": "controller.errors",
     "ReservationCancelled": "controller.errors",
+    "ReservationDegraded": "controller.errors",
     "StaleReservation": "controller.errors",
     "TableUnreadable": "controller.errors",
 }

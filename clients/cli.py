@@ -133,7 +133,7 @@ def _status_text(ctl, job, as_json) -> str:
         return msgspec.json.encode(infos).decode() if as_json else render_reservations(infos)
     res = ctl.reservation(job)
     assignments = (
-        {name: res.assignments(name) for name in res.components}
+        {name: res.assignments(name, allow_degraded=True) for name in res.components}
         if res.info.state in ("ready", "degraded")
         else {}
     )

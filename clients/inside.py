@@ -46,7 +46,7 @@ def current(strict: bool = False) -> Assignment:
     cached = _CURRENT.get(key)
     if cached is None or cached[0] != (record.uid, record.epoch):
         items = (
-            Reservation(ctl, record).assignments(component)
+            Reservation(ctl, record).assignments(component, allow_degraded=True)
             if component in record.world_sizes
             else []
         )

@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from controller import PlacementError
-from controller.errors import ReservationError, ReservationTimeout, StaleReservation
+from controller.errors import (
+    ReservationDegraded,
+    ReservationError,
+    ReservationTimeout,
+    StaleReservation,
+)
 from controller.state.assignments import Assignment
 from controller.state.published import ComponentBlock
-from controller.state.records import ReservationRecord
+from controller.state.records import DEGRADED, READY, ReservationRecord, with_dead_nodes
 from controller.state.status import ReservationInfo, summarize
 
 if TYPE_CHECKING:
     from clients.session import Controller
 
 _BLOCK = msgspec.msgpack.Decoder(ComponentBlock)
+PROGRESS_PERIOD_S = 5.0
 
 
 class Reservation:
@@ -28,6 +36,11 @@ class Reservation:
     epoch: looking them up never queues behind other drivers and never re-plans. The
     view follows the reservation: when its uid (a new reservation of the same name) or
     epoch (a replaced slot) changes, the next lookup serves the new assignments.
+
+    Readiness is checked against Ray, not only against the table: every read of a
+    ``ready`` record also asks Ray's node table about the nodes it holds (one round
+    trip, these nodes only), and one Ray reports dead makes the reservation
+    ``degraded`` here at once, before the controller has written it so.
     """
 
     def __init__(self, controller: Controller, source: ReservationRecord | ReservationInfo):
@@ -78,12 +91,16 @@ class Reservation:
         return list(self.info.components)
 
     def refresh(self) -> ReservationInfo:
-        """Re-read the stored record (state, epoch, identity, slots)."""
-        self._adopt(self.controller.record(self.job))
+        """Re-read the stored record (state, epoch, identity, slots), checked against
+        Ray's node table: never ``ready`` while Ray reports one of its nodes dead."""
+        self._refresh_record()
         return self.info
 
     def _refresh_record(self) -> None:
-        self._adopt(self.controller.record(self.job))
+        record = self.controller.record(self.job)
+        if record.state == READY:
+            record = with_dead_nodes(record, self.controller.dead_nodes(record.node_ids()))
+        self._adopt(record)
 
     def _load(self, component: str) -> list[Assignment]:
         record = self._record
@@ -100,12 +117,30 @@ class Reservation:
             raise StaleReservation(f"reservation {self.job!r} changed while being read; retry")
         return block.assignments()
 
-    def assignments(self, component: str) -> list[Assignment]:
+    def assignments(self, component: str, allow_degraded: bool = False) -> list[Assignment]:
         """Each rank's :class:`Assignment` for ``component``, in rank order, as of the
-        reservation's current uid and epoch: one read of the record, and of the
-        component's assignments only when they changed."""
+        reservation's current uid and epoch: one read of the record (and one question
+        to Ray about its nodes), and of the component's assignments only when they
+        changed.
+
+        Args:
+            allow_degraded: also answer while the reservation is degraded (a node lost,
+                its slot not yet replaced): the surviving ranks' assignments stay
+                valid, the lost ones name bundles that cannot run anything. A worker
+                reading its own (``clients.current()``) does this.
+
+        Raises:
+            ReservationDegraded: it is degraded and ``allow_degraded`` is false; wait
+                with :meth:`wait_ready`.
+            ReservationError: it is not settled (pending, releasing).
+        """
         self._refresh_record()
-        if self.state not in ("ready", "degraded"):
+        if self.state == DEGRADED and not allow_degraded:
+            raise ReservationDegraded(
+                f"reservation {self.job!r} is degraded ({self._record.reason}); "
+                "wait_ready() waits for its repair"
+            )
+        if self.state not in (READY, DEGRADED):
             raise ReservationError(
                 f"reservation {self.job!r} is {self.state}; assignments need ready"
             )
@@ -152,20 +187,52 @@ class Reservation:
         """End the leases holding any of ``ports``; master ports stay."""
         return self.controller._call("release_ports", self.job, list(ports))
 
-    def wait_ready(self, timeout: float = 60.0, poll_s: float = 0.25) -> ReservationInfo:
-        """Block until the reservation is ready (reading only the table); raise
-        ReservationTimeout otherwise."""
-        deadline = time.monotonic() + timeout
+    def wait_ready(
+        self,
+        timeout: float = 60.0,
+        poll_s: float = 0.25,
+        newer_than: int | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> ReservationInfo:
+        """Block until the reservation is ready, reading only the table and asking Ray
+        about its nodes: a record that names a node Ray reports dead is not ready, even
+        if it says so. Polls fast at first (a repair takes about a second), then every
+        ``poll_s``.
+
+        Args:
+            newer_than: also wait until the epoch is greater than this one (the epoch at
+                which the caller saw something fail).
+            progress: where to say what it waits for, every few seconds (default
+                stderr).
+
+        Raises:
+            ReservationTimeout: not ready within ``timeout``; says why.
+            UnknownReservation: it was released meanwhile.
+        """
+        say = progress or (lambda m: print(f"placectl: {m}", file=sys.stderr, flush=True))
+        started = time.monotonic()
+        deadline = started + timeout
+        next_say = started + PROGRESS_PERIOD_S
+        delay = 0.01
         while True:
             info = self.refresh()
-            if info.state == "ready":
+            fresh = newer_than is None or info.epoch > newer_than
+            if info.state == READY and fresh:
                 return info
-            if time.monotonic() >= deadline:
+            why = info.reason or info.state
+            if info.state == READY:
+                why = f"epoch {info.epoch}, waiting for one after {newer_than}"
+            now = time.monotonic()
+            if now >= deadline:
                 raise ReservationTimeout(
-                    f"reservation {self.job!r} is still {info.state} after {timeout:g}s: "
-                    f"{info.reason}"
+                    f"reservation {self.job!r} is not ready after {timeout:g}s: it is "
+                    f"{info.state} ({why})"
                 )
-            time.sleep(poll_s)
+            if now >= next_say:
+                say(f"{self.job}: waiting {now - started:.0f}s for it to be ready: {why}")
+                next_say = now + PROGRESS_PERIOD_S
+            time.sleep(min(delay, max(deadline - now, 0.0)))
+            delay = min(delay * 2, poll_s)
 
 
 __all__ = ["Reservation"]

@@ -41,6 +41,7 @@ DEFAULT_NAMESPACE = "placectl"
 # get_accelerator_ids): every placectl process that holds several accelerators.
 # scripts/check_ray.py shows it.
 MIN_RAY = (2, 60)
+GCS_TIMEOUT_S = 10.0
 _INFO = msgspec.msgpack.Decoder(ReservationInfo)
 _INFOS = msgspec.msgpack.Decoder(list[ReservationInfo])
 _SUMMARY = msgspec.msgpack.Decoder(ApplySummary)
@@ -130,7 +131,9 @@ def connect(
 
 
 class RayTable:
-    """A controller's table in the GCS key-value store, read from a driver."""
+    """What a driver reads from the GCS: a controller's table in the key-value store,
+    and which nodes Ray reports dead. Unit tests give a :class:`Controller` another
+    object with these three methods (``controller.runtime.fake.DriverTable``)."""
 
     def __init__(self, controller_name: str) -> None:
         self._prefix = kv_prefix(controller_name)
@@ -145,6 +148,17 @@ class RayTable:
 
         found = internal_kv._internal_kv_list(self._prefix + prefix, namespace=KV_NAMESPACE)
         return [k[len(self._prefix) :] for k in found]
+
+    def dead_nodes(self, node_ids: list[str]) -> set[str]:
+        """Those of ``node_ids`` Ray reports dead or does not know: one GCS round trip
+        that asks about these nodes only, whatever the cluster's size."""
+        if not node_ids:
+            return set()
+        from ray._raylet import NodeID
+
+        gcs = ray._private.worker.global_worker.gcs_client
+        alive = gcs.check_alive([NodeID.from_hex(n) for n in node_ids], GCS_TIMEOUT_S)
+        return {n for n, up in zip(node_ids, alive, strict=True) if not up}
 
 
 class Controller:
@@ -294,8 +308,13 @@ class Controller:
                 "(`placectl start`), which migrates it"
             )
 
+    def dead_nodes(self, node_ids) -> set[str]:
+        """Those of ``node_ids`` Ray reports dead right now (one GCS round trip)."""
+        return self._table.dead_nodes(sorted(set(node_ids)))
+
     def record(self, job: str) -> ReservationRecord:
-        """The stored record of ``job``."""
+        """The stored record of ``job``, as written (see :meth:`Reservation.refresh`
+        for the record checked against Ray's node table)."""
         check_job(job)
         data = self._table.get(key(RECORD, job))
         if data is None:

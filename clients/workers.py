@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import ray
 
-from clients.sync import SyncResult, plan_sync
+from clients.sync import SyncResult, can_keep, plan_sync
 from controller import PlacementError
 from controller.errors import ReservationTimeout
 from controller.state.assignments import Assignment
@@ -40,6 +40,16 @@ def detached_worker(name: str, kind: str = "worker") -> Any:
             f"no running {kind} {name!r} (namespace {WORKER_NAMESPACE!r}); start the group "
             "with detached=True first"
         ) from None
+
+
+def _actor_class(worker_cls: Any) -> Any:
+    return worker_cls if hasattr(worker_cls, "options") else ray.remote(worker_cls)
+
+
+def _actor_dead(actor: Any) -> bool:
+    """Whether Ray's actor table says the actor is dead (one GCS round trip)."""
+    entry = ray._private.state.state.actor_table(actor._actor_id.hex())
+    return not entry or entry.get("State") == "DEAD"
 
 
 def _check_env(env: dict[str, str] | None) -> dict[str, str]:
@@ -185,7 +195,8 @@ class WorkerGroup:
         progress: Callable[[str], None] | None = None,
         **kwargs: Any,
     ) -> WorkerGroup:
-        """Start one ``worker_cls`` actor per rank of ``component`` in its bundle.
+        """Start one ``worker_cls`` actor per rank of ``component`` in its bundle, once
+        the reservation is ready (waiting for a repair in progress, within ``timeout``).
 
         Args:
             reservation: a :class:`clients.Reservation`.
@@ -205,8 +216,9 @@ class WorkerGroup:
                 :class:`ReservationTimeout` raised.
             progress: where progress goes (default stderr).
         """
+        reservation.wait_ready(timeout, progress=progress)
         assignments = reservation.assignments(component)
-        actor_cls = worker_cls if hasattr(worker_cls, "options") else ray.remote(worker_cls)
+        actor_cls = _actor_class(worker_cls)
         per_rank = _rank_kwargs(rank_kwargs, len(assignments))
         actors = [
             cls._start(
@@ -240,15 +252,45 @@ class WorkerGroup:
         return actor_cls.options(**options).remote(*args, **kwargs)
 
     @classmethod
-    def attach(cls, reservation: Any, component: str) -> WorkerGroup:
+    def attach(
+        cls,
+        reservation: Any,
+        component: str,
+        worker_cls: Any = None,
+        *args: Any,
+        env: dict[str, str] | None = None,
+        actor_options: dict[str, Any] | None = None,
+        rank_kwargs: RankKwargs = None,
+        **kwargs: Any,
+    ) -> WorkerGroup:
         """Find the running detached workers of ``component`` (launched with
-        ``detached=True``), e.g. from a restarted driver."""
+        ``detached=True``), e.g. from a restarted driver.
+
+        Args:
+            worker_cls, *args, env, actor_options, rank_kwargs, **kwargs: what the group
+                was launched with. With them the attached group can :meth:`repair` and
+                :meth:`sync` like a launched one, and a rank whose worker is gone (its
+                node was lost while no driver was running) is attached as missing, for
+                ``repair()`` to start. Without them a missing worker is an error.
+
+        Raises:
+            PlacementError: a worker is missing and ``worker_cls`` was not given.
+        """
+        assignments = reservation.assignments(component, allow_degraded=True)
         actors = []
-        assignments = reservation.assignments(component)
         for a in assignments:
             name = worker_name(reservation.job, component, a.placement.rank)
-            actors.append(detached_worker(name))
-        return cls(reservation, component, actors, assignments, detached=True)
+            try:
+                actors.append(detached_worker(name))
+            except PlacementError:
+                if worker_cls is None:
+                    raise
+                actors.append(None)
+        launch = None
+        if worker_cls is not None:
+            actor_cls = _actor_class(worker_cls)
+            launch = (actor_cls, args, kwargs, env, actor_options, rank_kwargs)
+        return cls(reservation, component, actors, assignments, detached=True, launch=launch)
 
     @property
     def actors(self) -> list:
@@ -265,6 +307,12 @@ class WorkerGroup:
 
     def execute_async(self, method: str, *args: Any, **kwargs: Any) -> list:
         """Call ``method`` on every rank; ObjectRefs in rank order."""
+        missing = [r for r, a in enumerate(self._actors) if a is None]
+        if missing:
+            raise PlacementError(
+                f"{self.reservation.job}/{self.component}: ranks {missing} have no worker "
+                "(they were lost while no driver ran); repair() starts them"
+            )
         return [getattr(a, method).remote(*args, **kwargs) for a in self._actors]
 
     def execute(self, method: str, *args: Any, **kwargs: Any) -> list:
@@ -313,40 +361,64 @@ class WorkerGroup:
                 self.detached,
             )
 
-    def repair(self, timeout: float = 120.0) -> list[int]:
-        """After a slot was replaced, relaunch exactly the ranks whose node changed.
+    def dead_ranks(self) -> list[int]:
+        """The ranks Ray reports dead now: their node is dead, or their actor is (a
+        crash, an OOM kill), or they have no worker (attached while missing)."""
+        nodes = self.reservation.controller.dead_nodes(
+            a.placement.node_id for a in self._assignments
+        )
+        return [
+            r
+            for r, (a, actor) in enumerate(zip(self._assignments, self._actors, strict=True))
+            if a.placement.node_id in nodes or actor is None or _actor_dead(actor)
+        ]
 
-        Waits until the reservation is ready again, then starts each lost rank in its new
-        bundle with its new environment (a new MASTER_ADDR/PORT if rank 0 moved; the
-        surviving ranks keep running and must re-read theirs when they rejoin), and
-        waits until they have started.
+    def repair(
+        self, timeout: float = 120.0, progress: Callable[[str], None] | None = None
+    ) -> list[int]:
+        """Relaunch exactly the ranks that are dead, where the reservation now puts them.
+
+        First waits until the reservation is ready with none of its nodes dead as Ray
+        reports them (the controller replacing a lost node's slot takes about a
+        second), so a call the instant a node is lost does what a call a second later
+        does. Then relaunches every rank that is dead (:meth:`dead_ranks`: lost with
+        its node, or its actor died while its node lived, which restarts it in its own
+        bundle) or whose bundle moved, each with its current environment (a new
+        MASTER_ADDR/PORT if rank 0 moved; the surviving ranks keep running and read
+        theirs again with ``clients.current()`` when they rejoin), and waits until they
+        have started.
 
         Returns:
-            The relaunched ranks (empty when nothing moved).
+            The relaunched ranks (empty when none was dead or moved).
 
         Raises:
             ReservationTimeout: the reservation is not ready within ``timeout``.
-            PlacementError: the group was attached rather than launched here, so its
-                constructor arguments are unknown.
+            PlacementError: the group was attached without its launch arguments (its
+                constructor is unknown), or its world size changed (use :meth:`sync`).
         """
         if self._launch is None:
             raise PlacementError(
-                "repair() needs the group's constructor arguments: relaunch it with "
-                "WorkerGroup.launch instead of attach"
+                "repair() needs the group's constructor arguments: launch it with "
+                "WorkerGroup.launch, or pass them to WorkerGroup.attach"
             )
-        self.reservation.wait_ready(timeout)
-        fresh = self.reservation.assignments(self.component)
-        lost = [
-            r
-            for r, (old, new) in enumerate(zip(self._assignments, fresh, strict=True))
-            if old.placement.node_id != new.placement.node_id
-            or old.placement_group_id != new.placement_group_id
-        ]
+        started = time.monotonic()
+        res = self.reservation
+        res.wait_ready(timeout, progress=progress)
+        fresh = res.assignments(self.component)
+        if len(fresh) != len(self._assignments):
+            raise PlacementError(
+                f"{res.job}/{self.component} has {len(fresh)} ranks now, the group "
+                f"{len(self._assignments)}: its configuration changed; sync() follows it"
+            )
+        pairs = enumerate(zip(self._assignments, fresh, strict=True))
+        moved = {r for r, (a, b) in pairs if not can_keep(a, b)}
+        lost = sorted(moved | set(self.dead_ranks()))
         self._relaunch(lost, fresh)
         self._assignments = fresh
         if lost:
-            label = f"{self.reservation.job}/{self.component}"
-            wait_until_ready([self._actors[r] for r in lost], label, timeout)
+            label = f"{res.job}/{self.component}"
+            remaining = max(timeout - (time.monotonic() - started), 1.0)
+            wait_until_ready([self._actors[r] for r in lost], label, remaining, progress)
         return lost
 
     def sync(self, restart: bool = False, timeout: float = 300.0) -> SyncResult:
@@ -372,6 +444,13 @@ class WorkerGroup:
         res.wait_ready(timeout)
         fresh = res.assignments(self.component) if self.component in res.components else []
         result = plan_sync(self.component, res.epoch, self._assignments, fresh)
+        dead = set(self.dead_ranks()) & set(result.kept)
+        if dead:  # kept in place, but its worker is gone: started again in its bundle
+            result = msgspec.structs.replace(
+                result,
+                kept=[r for r in result.kept if r not in dead],
+                moved=sorted({*result.moved, *dead}),
+            )
         if restart and result.restart_needed:
             every = list(range(len(fresh)))
             result = msgspec.structs.replace(

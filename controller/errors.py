@@ -46,6 +46,11 @@ class ReservationCancelled(ReservationError):
     """A pending reservation was cancelled (by ``release`` or the caller) and rolled back."""
 
 
+class ReservationDegraded(ReservationError):
+    """The reservation holds a node Ray reports dead (or a group it lost) and is not
+    repaired yet: its assignments would name bundles that cannot run anything."""
+
+
 class StaleReservation(ReservationError):
     """The reservation changed identity (released, replaced) since it was read."""
 

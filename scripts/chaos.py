@@ -309,7 +309,7 @@ class Chaos:
         for r in table.values():
             if r.state == "ready":
                 res = self.ctl.reservation(r.job)
-                now = {c: res.assignments(c) for c in res.components}
+                now = {c: res.assignments(c, allow_degraded=True) for c in res.components}
                 prev = self.seen.get(r.job)
                 if prev and prev[0] == r.created_at and prev[1] == r.epoch and prev[2] != now:
                     bad.append(f"{r.job}: assignments changed within epoch {r.epoch}")

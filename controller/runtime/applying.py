@@ -71,6 +71,7 @@ class ApplyingMixin:
         spec = coerce_spec(spec)
         timeout = check_timeout(timeout_s)
         check_flag(dry_run, "dry_run")
+        await self._confirm([job])
         async with self._lock(job):
             started = time.monotonic()
             res = self._get(job)

@@ -164,7 +164,7 @@ class PlacementController(Reserving, ApplyingMixin, Reconciling, Repairing, Leas
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
         while not self._dead:
-            await asyncio.sleep(self.settings.reconcile_period)
+            await self._idle()
             try:
                 await self._tick()
             except Exception:
@@ -305,7 +305,7 @@ class PlacementController(Reserving, ApplyingMixin, Reconciling, Repairing, Leas
         return res
 
     def _info(self, res: ReservationRecord) -> ReservationInfo:
-        return summarize(res)
+        return summarize(self._truthful(res))
 
     def _status_bytes(self, res: ReservationRecord) -> bytes:
         return msgspec.msgpack.encode(self._info(res))
@@ -313,6 +313,7 @@ class PlacementController(Reserving, ApplyingMixin, Reconciling, Repairing, Leas
     async def assignments(self, job: str, component: str) -> bytes:
         """The msgpack-encoded ``list[Assignment]`` of one component, in rank order."""
         await self._ready()
+        await self._confirm([check_job(job)])
         res = self._get(job)
         if not res.settled:
             raise ReservationError(f"reservation {job!r} is {res.state}; assignments need ready")
@@ -332,6 +333,7 @@ class PlacementController(Reserving, ApplyingMixin, Reconciling, Repairing, Leas
     async def component(self, job: str, component: str) -> bytes:
         """The msgpack-encoded :class:`ComponentBlock` of ``job``'s current epoch."""
         await self._ready()
+        await self._confirm([check_job(job)])
         res = self._get(job)
         if not res.settled:
             raise ReservationError(f"reservation {job!r} is {res.state}; assignments need ready")
@@ -341,13 +343,16 @@ class PlacementController(Reserving, ApplyingMixin, Reconciling, Repairing, Leas
         return msgspec.msgpack.encode(published.components[component])
 
     async def status(self, job: str) -> bytes:
-        """The encoded :class:`ReservationInfo` of ``job``."""
+        """The encoded :class:`ReservationInfo` of ``job``: never ``ready`` while Ray
+        reports one of its nodes dead."""
         await self._ready()
+        await self._confirm([check_job(job)])
         return self._status_bytes(self._get(job))
 
     async def list(self) -> bytes:
         """Encoded ``list[ReservationInfo]`` of every reservation, by job name."""
         await self._ready()
+        await self._confirm(list(self._records))
         return msgspec.msgpack.encode([self._info(self._records[j]) for j in sorted(self._records)])
 
     async def progress(self, job: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 
 from controller.runtime.io import (
@@ -101,6 +102,14 @@ class FakeCluster:
         self._making: set[asyncio.Task] = set()
         self._pending: set[str] = set()  # groups waiting for room, the only ones to retry
         self._on_node: dict[str, set[str]] = collections.defaultdict(set)
+        self._waiting: list[asyncio.Future] = []  # wait_for_events callers
+
+    def _event(self, event: NodeEvent) -> None:
+        self.events.append(event)
+        for waiter in self._waiting:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiting.clear()
 
     # ------------------------------------------------------------ building the cluster
     def add_node(
@@ -131,7 +140,7 @@ class FakeCluster:
         )
         devices = device_ids if device_ids is not None else list(range(num_gpus))
         self.nodes_by_id[node_id] = _Node(info, self.accelerator, devices)
-        self.events.append(NodeEvent(node_id, True))
+        self._event(NodeEvent(node_id, True))
         self._schedule()
         return node_id
 
@@ -144,7 +153,7 @@ class FakeCluster:
             if g.state == CREATED:
                 g.state = RESCHEDULING
                 g.ready.clear()
-        self.events.append(NodeEvent(node_id, False))
+        self._event(NodeEvent(node_id, False))
 
     def remove_group_behind_back(self, group_id: str) -> None:
         """Someone else removed a group of ours."""
@@ -205,6 +214,20 @@ class FakeCluster:
         out = list(self.events)
         self.events.clear()
         return out
+
+    async def wait_for_events(self, timeout: float) -> None:
+        if self.events:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(waiter, timeout)
+
+    async def dead_nodes(self, node_ids: list[str]) -> set[str]:
+        self._cost("dead_nodes", self.latency.gcs_rtt)
+        return {
+            n for n in node_ids if n not in self.nodes_by_id or not self.nodes_by_id[n].info.alive
+        }
 
     # ------------------------------------------------------------ groups
     async def create_group(self, name: str, bundles: list[dict[str, float]], node_id: str) -> str:
@@ -325,6 +348,24 @@ class FakeCluster:
 
     def own_node(self) -> str:
         return next((i for i, n in self.nodes_by_id.items() if n.info.is_head), "")
+
+
+class DriverTable:
+    """The fake cluster as a driver reads it (``clients.session.RayTable``'s interface):
+    the table's keys, and which nodes are dead."""
+
+    def __init__(self, fake: FakeCluster) -> None:
+        self.fake = fake
+
+    def get(self, k: bytes) -> bytes | None:
+        return self.fake.kv.get(k)
+
+    def keys(self, prefix: bytes) -> list[bytes]:
+        return [k for k in self.fake.kv if k.startswith(prefix)]
+
+    def dead_nodes(self, node_ids: list[str]) -> set[str]:
+        nodes = self.fake.nodes_by_id
+        return {n for n in node_ids if n not in nodes or not nodes[n].info.alive}
 
 
 def _fields(info: NodeInfo) -> dict:

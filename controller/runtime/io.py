@@ -82,6 +82,15 @@ class ClusterIO(Protocol):
         """Nodes that joined or died since the last call, in order (drained)."""
         ...
 
+    async def wait_for_events(self, timeout: float) -> None:
+        """Return as soon as a node event is waiting to be drained, or after ``timeout``."""
+        ...
+
+    async def dead_nodes(self, node_ids: list[str]) -> set[str]:
+        """Those of ``node_ids`` that Ray reports dead, or does not know, right now: one
+        round trip to the GCS, whatever the cluster's size (only these nodes are asked)."""
+        ...
+
     # Placement groups.
     async def create_group(self, name: str, bundles: list[dict[str, float]], node_id: str) -> str:
         """Create a detached group whose bundles are pinned to ``node_id``; its hex id.

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import logging
 
 import ray
-from ray._raylet import PlacementGroupID
+from ray._raylet import NodeID, PlacementGroupID
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 
 from controller.runtime import probe as tasks
@@ -72,6 +73,7 @@ class RayClusterIO:
         self._kp = key_prefix
         self.metrics = RayMetrics()
         self._events: collections.deque[NodeEvent] = collections.deque()
+        self._arrived: asyncio.Event | None = None  # set while events wait to be drained
         self._watch: asyncio.Task | None = None
         self._alive: set[str] | None = None  # last alive set, when polling
         self._polling = False
@@ -124,7 +126,28 @@ class RayClusterIO:
             await self._poll_nodes()
         out = list(self._events)
         self._events.clear()
+        if self._arrived is not None:
+            self._arrived.clear()
         return out
+
+    async def wait_for_events(self, timeout: float) -> None:
+        if self._arrived is None:
+            self._arrived = asyncio.Event()
+        if self._events or self._polling:  # polling learns of events only when asked
+            if self._polling:
+                await asyncio.sleep(timeout)
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._arrived.wait(), timeout)
+
+    async def dead_nodes(self, node_ids: list[str]) -> set[str]:
+        if not node_ids:
+            return set()
+        ids = sorted(set(node_ids))
+        alive = await self._gcs().async_check_alive(
+            [NodeID.from_hex(n) for n in ids], GCS_TIMEOUT_S
+        )
+        return {n for n, up in zip(ids, alive, strict=True) if not up}
 
     async def _subscribe(self) -> None:
         """Follow Ray's node-info channel (pushed by the GCS); on any failure fall back
@@ -139,6 +162,8 @@ class RayClusterIO:
                 for node_id, info in await sub.poll(batch_size=1000):
                     alive = info.state == 0  # GcsNodeInfo.ALIVE
                     self._events.append(NodeEvent(bytes(node_id).hex(), alive))
+                    if self._arrived is not None:
+                        self._arrived.set()
         except asyncio.CancelledError:
             raise
         except Exception as e:

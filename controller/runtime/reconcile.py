@@ -25,6 +25,7 @@ from controller.state.records import (
     READY,
     RELEASING,
     ReservationRecord,
+    with_dead_nodes,
 )
 
 log = logging.getLogger("placectl.controller")
@@ -39,6 +40,8 @@ class Reconciling:
         self._nodes_version = 0  # grows whenever _node_info changes
         self._by_node: dict[str, set[str]] = {}
         self._recheck: set[str] = set()
+        self._joined = False  # a node joined since the last tick
+        self._wakeup = asyncio.Event()  # a call found work for the loop: tick now
         self._last_full = 0.0
         self._last_load_try = 0.0
         self._warmed: dict[str, float] = {}
@@ -83,6 +86,65 @@ class Reconciling:
         if info is not None and info.alive:
             self._node_info[node_id] = msgspec.structs.replace(info, alive=False)
             self._nodes_version += 1
+
+    async def _drain_events(self) -> None:
+        """Take Ray's node events: the alive set follows them, and the jobs on a node
+        that changed are checked at the next tick."""
+        for event in await self._io.node_events():
+            if event.alive:
+                self._alive.add(event.node_id)
+                self._joined = True
+            else:
+                self._node_died(event.node_id)
+            self._recheck.update(self._by_node.get(event.node_id, ()))
+
+    async def _idle(self) -> None:
+        """Wait for the next tick: ``settings.reconcile_period``, or less when a node
+        event arrives or a call found work (a lost node is acted on at once)."""
+        period = self.settings.reconcile_period
+        waits = {
+            asyncio.ensure_future(self._io.wait_for_events(period)),
+            asyncio.ensure_future(self._wakeup.wait()),
+        }
+        try:
+            await asyncio.wait(waits, timeout=period, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            self._wakeup.clear()
+
+    async def _confirm(self, jobs) -> None:
+        """Make what the controller answers about ``jobs`` agree with Ray right now.
+
+        Node events that arrived are taken, and the nodes these jobs hold are asked of
+        Ray directly (one round trip for all of them), so no call answers ``ready`` for
+        a reservation on a node Ray reports dead, even in the moment before the loop
+        has seen the event. A job found on a dead node is recorded degraded here when
+        no other call holds it (else the answer says so, see :meth:`_truthful`), and
+        the loop is woken to repair it.
+        """
+        await self._drain_events()
+        held = [self._records[j] for j in jobs if j in self._records and self._records[j].settled]
+        nodes = sorted({n for r in held for n in r.node_ids()})
+        if not nodes:
+            return
+        dead = await self._io.dead_nodes(nodes)
+        for node in nodes:
+            if node in dead:
+                self._node_died(node)
+            else:
+                self._alive.add(node)  # Ray's answer is newer than any event we hold
+        for res in held:
+            if res.node_ids() <= self._alive:
+                continue
+            self._recheck.add(res.job)
+            self._wakeup.set()
+            if res.state == READY and not self._lock(res.job).locked():
+                await self._check(res.job, await self._io.groups(sorted(res.group_ids())))
+
+    def _truthful(self, res: ReservationRecord) -> ReservationRecord:
+        """``res`` as it stands with the nodes the controller knows dead."""
+        return with_dead_nodes(res, res.node_ids() - self._alive)
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -181,14 +243,8 @@ class Reconciling:
                 except TableUnreadable as e:
                     self._refuse(str(e))
             return
-        changed, joined = set(), False
-        for event in await self._io.node_events():
-            changed.add(event.node_id)
-            if event.alive:
-                self._alive.add(event.node_id)
-                joined = True
-            else:
-                self._node_died(event.node_id)
+        await self._drain_events()
+        joined, self._joined = self._joined, False
         full = now - self._last_full >= self.settings.full_check_period
         if full or joined:
             joined = self._set_nodes(await self._io.nodes()) or joined
@@ -196,7 +252,7 @@ class Reconciling:
             self._last_full = now
             jobs = set(self._records)
         else:
-            jobs = {j for n in changed for j in self._by_node.get(n, ())} | self._recheck
+            jobs = set(self._recheck)
         jobs = {j for j in jobs if j in self._records and self._records[j].settled}
         self._recheck.clear()
         if jobs:

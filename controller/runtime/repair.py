@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from controller.errors import ReservationTimeout
 from controller.runtime import groups
 from controller.runtime.io import CREATED
 from controller.state.published import publish
@@ -41,11 +42,39 @@ class Repairing:
 
     async def repair(self, job: str) -> bytes:
         """Replace the broken slots of a degraded reservation now, whatever its repair
-        policy; returns its status (still degraded, with the reason, if it could not)."""
+        policy; returns its status (still degraded, with the reason, if it could not).
+        A node Ray reports dead counts as broken even before the loop has seen it."""
         await self._ready()
         self._get(job)
+        await self._confirm([job])
         await self._repair_job(job)
         return self._status_bytes(self._get(job))
+
+    async def _repair_until(self, job: str, deadline: float) -> ReservationRecord:
+        """Repair ``job`` until it is ready (as Ray reports its nodes) or ``deadline``.
+
+        Raises:
+            ReservationTimeout: still degraded at the deadline; the reservation stays,
+                and the loop repairs it when a spare node joins.
+        """
+        try:
+            while True:
+                await self._repair_job(job)
+                await self._confirm([job])
+                res = self._truthful(self._get(job))
+                if res.state == READY:
+                    return res
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ReservationTimeout(
+                        f"reservation {job!r} is degraded and was not repaired in time: "
+                        f"{res.reason}. It stays reserved; placectl replaces the slot when "
+                        "a spare node joins"
+                    )
+                self._say(job, f"repairing: {res.reason}")
+                await asyncio.sleep(min(0.2, left))
+        finally:
+            self._progress.pop(job, None)
 
     async def _repair_job(self, job: str) -> None:
         try:

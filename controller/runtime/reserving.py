@@ -24,7 +24,7 @@ from controller.runtime.io import NodeInfo
 from controller.state.diff import describe_difference
 from controller.state.plan import JobPlan, plan_slots
 from controller.state.published import publish
-from controller.state.records import AUTO, DEGRADED, PENDING, READY, RELEASING, ReservationRecord
+from controller.state.records import AUTO, PENDING, READY, RELEASING, ReservationRecord
 from controller.state.requests import (
     check_flag,
     check_job,
@@ -111,9 +111,12 @@ class Reserving:
         """Reserve the resources of ``spec`` for ``job``; returns the encoded status.
 
         The same job and spec returns the existing reservation without creating anything
-        (its repair policy updated); a different spec is a :class:`ReservationConflict`
-        unless ``replace``. On timeout, failure or cancellation every group made for
-        the attempt is removed and nothing is recorded.
+        (its repair policy updated), checked against Ray's node table first: one that
+        holds a node Ray reports dead is repaired before it is returned (``auto``
+        policy, within the timeout) or returned ``degraded`` (``manual``). A different
+        spec is a :class:`ReservationConflict` unless ``replace``. On timeout, failure or
+        cancellation every group made for the attempt is removed and nothing is
+        recorded.
         """
         await self._ready()
         job = check_job(job)
@@ -121,37 +124,49 @@ class Reserving:
         timeout = check_timeout(timeout_s)
         check_flag(replace, "replace")
         policy = check_policy(repair)
+        started = time.monotonic()
+        await self._confirm([job])
         async with self._lock(job):
-            started = time.monotonic()
             existing = self._records.get(job)
-            if existing is not None and existing.state in (READY, DEGRADED):
-                if existing.spec == spec:
-                    if existing.repair != policy:
-                        existing = msgspec.structs.replace(existing, repair=policy)
-                        await self._commit(existing)
+            same = existing is not None and existing.settled and existing.spec == spec
+            if same:
+                if existing.repair != policy:
+                    existing = msgspec.structs.replace(existing, repair=policy)
+                    await self._commit(existing)
+                if self._truthful(existing).state == READY or policy != AUTO:
                     return self._status_bytes(existing)
-                if not replace:
+            else:
+                if existing is not None and existing.settled and not replace:
                     raise ReservationConflict(
                         f"job {job!r} is already reserved with a different configuration "
                         f"({describe_difference(existing.spec, spec)}); release it first or "
                         "pass replace=True"
                     )
-            if existing is not None:
-                await self._release_locked(job)
-            self._reserving[job] = asyncio.current_task()
-            try:
-                res = await self._create(job, spec, started + timeout, policy)
-            except asyncio.CancelledError:
-                if self._dead:
-                    raise
-                raise ReservationCancelled(
-                    f"reserve of {job!r} was cancelled; everything it had placed was removed"
-                ) from None
-            finally:
-                self._reserving.pop(job, None)
-                self._progress.pop(job, None)
-            self._io.metrics.reserve_latency(time.monotonic() - started)
-            return self._status_bytes(res)
+                if existing is not None:
+                    await self._release_locked(job)
+                res = await self._reserve_locked(job, spec, started, timeout, policy)
+                return self._status_bytes(res)
+        # The same spec, degraded under the auto policy: repaired before it is returned.
+        return self._status_bytes(await self._repair_until(job, started + timeout))
+
+    async def _reserve_locked(
+        self, job: str, spec, started: float, timeout: float, policy: str
+    ) -> ReservationRecord:
+        """Create ``job``'s reservation (the caller holds its lock)."""
+        self._reserving[job] = asyncio.current_task()
+        try:
+            res = await self._create(job, spec, started + timeout, policy)
+        except asyncio.CancelledError:
+            if self._dead:
+                raise
+            raise ReservationCancelled(
+                f"reserve of {job!r} was cancelled; everything it had placed was removed"
+            ) from None
+        finally:
+            self._reserving.pop(job, None)
+            self._progress.pop(job, None)
+        self._io.metrics.reserve_latency(time.monotonic() - started)
+        return res
 
     async def cancel(self, job: str) -> bool:
         """Cancel a ``reserve`` of ``job`` in progress (it rolls back); True if there was

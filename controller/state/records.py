@@ -151,3 +151,21 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def settled(self) -> bool:
         return self.state in (READY, DEGRADED)
+
+
+def with_dead_nodes(record: ReservationRecord, dead: set[str]) -> ReservationRecord:
+    """``record`` as it stands when the nodes ``dead`` are dead (as Ray reports them).
+
+    A settled reservation holding one of them is ``degraded``, whatever its stored state
+    says: the controller may not have written it yet, and a reader must never take a
+    bundle on a dead node for a good one. Otherwise ``record`` itself.
+    """
+    lost = [s for s in record.slots if s.node_id in dead]
+    if not lost or record.state != READY:
+        return record
+    named = ", ".join(sorted({f"{s.node_ip} ({s.node_id[:12]})" for s in lost}))
+    return msgspec.structs.replace(
+        record,
+        state=DEGRADED,
+        reason=f"Ray reports node {named} dead; its slot is not replaced yet",
+    )

@@ -1,0 +1,119 @@
+"""The recovery flow a user writes, acted on the instant a node is gone: readiness that
+is true (checked against Ray's node table), and ``repair()`` that relaunches exactly the
+ranks Ray reports dead, every time."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import ray
+
+import clients
+from clients.reservation import Reservation
+from tests.integration.conftest import local_cluster, wait_for
+
+GPUS = 4
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head (no GPUs) + three nodes of 4 fake GPUs: two to reserve, one spare."""
+    yield from local_cluster(gpu_nodes=3)
+
+
+def spec() -> dict:
+    return {"num_nodes": 3, "component_placement": {"actor,rollout": "0-7"}}
+
+
+def alive_nodes() -> set[str]:
+    return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+
+def add_spare(cluster) -> None:
+    while sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")) < 3:
+        cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
+    cluster.wait_for_nodes()
+
+
+def remove(cluster, node_id: str) -> None:
+    cluster.remove_node(next(n for n in cluster.list_all_nodes() if n.node_id == node_id))
+
+
+class Worker:
+    def where(self):
+        ctx = ray.get_runtime_context()
+        return ctx.get_node_id(), ctx.get_placement_group_id(), os.environ["PLACECTL_EPOCH"]
+
+
+def check_group(res: Reservation, group: clients.WorkerGroup) -> None:
+    """Every worker answers from where the reservation now puts it, per Ray."""
+    seen = group.execute("where")
+    assigned = res.assignments(group.component)
+    assert [(n, g) for n, g, _ in seen] == [
+        (a.placement.node_id, a.placement_group_id) for a in assigned
+    ]
+    assert {n for n, _, _ in seen} <= alive_nodes()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.0, 1.0, 0.0, 1.0])
+def test_repair_the_instant_a_node_is_gone_relaunches_exactly_the_lost_ranks(cluster, ctl, delay):
+    res = ctl.reserve("instant", spec(), timeout_s=60)
+    group = clients.WorkerGroup.launch(res, "actor", Worker)
+    before = res.assignments("actor")
+    ids = [a._actor_id for a in group.actors]
+    lost = before[0].placement.node_id
+    doomed = [r for r, a in enumerate(before) if a.placement.node_id == lost]
+    epoch = res.epoch
+
+    remove(cluster, lost)
+    if delay:
+        time.sleep(delay)  # a user who looks a second later must get the same answer
+    relaunched = group.repair(timeout=60)
+
+    assert relaunched == doomed == [0, 1, 2, 3]
+    assert res.epoch > epoch and res.state == "ready"
+    assert lost not in {s.node_id for s in res.info.slots}
+    kept = [r for r in range(8) if r not in doomed]
+    assert [group.actors[r]._actor_id for r in kept] == [ids[r] for r in kept]
+    check_group(res, group)
+    group.shutdown()
+    ctl.release("instant")
+    add_spare(cluster)
+
+
+def test_wait_ready_reserve_and_status_never_hand_out_a_dead_node(cluster, ctl):
+    res = ctl.reserve("truth", spec(), timeout_s=60)
+    lost = res.info.slots[0].node_id
+    epoch = res.epoch
+    remove(cluster, lost)
+    # The instant Ray reports the node dead, nobody answers ready with it.
+    assert lost not in alive_nodes()
+    status = ctl.status("truth")
+    assert status.state != "ready" or lost not in {s.node_id for s in status.slots}
+    assert res.refresh().state != "ready" or lost not in {s.node_id for s in res.info.slots}
+    again = ctl.reserve("truth", spec(), timeout_s=60)  # the idempotent path repairs first
+    assert again.state == "ready" and again.epoch > epoch
+    assert {s.node_id for s in again.info.slots} <= alive_nodes()
+    info = res.wait_ready(timeout=60, newer_than=epoch)
+    assert {s.node_id for s in info.slots} <= alive_nodes()
+    assert {a.placement.node_id for a in res.assignments("rollout")} <= alive_nodes()
+    ctl.release("truth")
+    add_spare(cluster)
+
+
+def test_repair_relaunches_a_crashed_worker_in_its_own_bundle(ctl):
+    res = ctl.reserve("crash", spec(), timeout_s=60)
+    group = clients.WorkerGroup.launch(res, "rollout", Worker)
+    ids = [a._actor_id for a in group.actors]
+    ray.kill(group.actors[5], no_restart=True)  # an OOM kill: the node lives
+    wait_for(lambda: group.dead_ranks() == [5], timeout=30)
+    assert group.repair(timeout=60) == [5]
+    assert res.epoch == 1  # nothing was moved
+    assert [a._actor_id for a in group.actors][:5] == ids[:5]
+    assert group.actors[5]._actor_id != ids[5]
+    check_group(res, group)
+    assert group.repair(timeout=60) == []
+    group.shutdown()
+    ctl.release("crash")
