@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The main job: colocated and disaggregated RL layouts on a local simulated GPU cluster.
+"""Colocated and disaggregated RL layouts on a local simulated GPU cluster.
 
 Starts a real local Ray cluster (a head and three nodes of 4 simulated GPUs, each its
 own raylet), starts the placectl controller, reserves a colocated layout (actor and

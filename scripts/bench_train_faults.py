@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Recovery of a real training job, fault by fault: placectl against starting over.
+
+Each trial runs the GRPO job of ``scripts/train.py`` twice on one local cluster (a head
+and five nodes of 2 fake GPUs), with the same seed and fault schedule: once recovering
+with placectl (``repair()`` relaunches the lost ranks, a new driver attaches to the
+reservation and its detached workers, ``apply`` + ``sync()`` grows rollout), once as a
+framework without placectl does (release, reserve from nothing, relaunch every worker,
+restore the checkpoint). Runs alternate which goes first. For every fault it reports the
+seconds from the fault to the next finished training step, and checks that every run's
+per-step metrics equal the first run's.
+
+Usage: scripts/bench_train_faults.py [--trials 3] [--faults node@3,driver@6,controller@8,grow@10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import train
+from grpo import report
+from grpo.config import TrainConfig
+
+NAMES = {"node": "node loss", "driver": "driver crash", "controller": "controller kill"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--faults", default="node@3,driver@6,controller@8,grow@10")
+    args = ap.parse_args()
+    faults = train.parse_faults(args.faults, args.steps)
+    config = TrainConfig(steps=args.steps)
+    out = tempfile.mkdtemp(prefix="placectl-bench-train-")
+    cluster = train.Cluster(None)
+    seconds: dict[tuple[str, str], list[float]] = {}
+    reference, unequal = None, []
+    try:
+        for trial in range(args.trials):
+            modes = ["placectl", "baseline"] if trial % 2 == 0 else ["baseline", "placectl"]
+            for mode in modes:
+                name = f"{mode}-{trial}"
+                record = train.run(cluster, name, config, faults, mode == "baseline", out)
+                for f in report.recoveries(record):
+                    seconds.setdefault((f["kind"], mode), []).append(f["seconds"])
+                if reference is None:
+                    reference = record["steps"]
+                else:
+                    ok, verdict = report.compare(reference, record["steps"])
+                    if not ok:
+                        unequal.append(f"{name}: {verdict}")
+    finally:
+        cluster.close()
+    print(f"\n== {args.trials} trials, {args.steps} steps, faults {args.faults}")
+    print("seconds from the fault to the next finished step (median; samples)")
+    print(f"{'fault':<16} {'placectl':<28} {'starting over':<28} ratio")
+    for kind, _ in faults:
+        ours, theirs = seconds[(kind, "placectl")], seconds[(kind, "baseline")]
+        a, b = statistics.median(ours), statistics.median(theirs)
+        cells = [
+            f"{m:.2f} ({', '.join(f'{x:.2f}' for x in xs)})" for m, xs in ((a, ours), (b, theirs))
+        ]
+        print(f"{NAMES.get(kind, kind):<16} {cells[0]:<28} {cells[1]:<28} {a / b:.2f}")
+    runs = 2 * args.trials
+    print(
+        f"metrics equal to the first run's: {runs - len(unequal)} of {runs} runs"
+        + ("".join(f"\n  UNEQUAL {u}" for u in unequal))
+    )
+    return 1 if unequal else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,313 @@
+"""The driver of the GRPO job: reserve, launch, train step by step, recover.
+
+Recovery is the loop a user writes on placectl: a step that fails because a worker died
+(its node was lost, it crashed) or because a survivor's collective broke is caught; every
+worker group's ``repair()`` relaunches exactly its dead ranks where the reservation now
+puts them; the trainer ranks re-form their process group from their current environment
+and restore the last committed checkpoint; the rollout workers get its weights; the step
+runs again. A restarted driver attaches to the reservation and its detached workers and
+goes on from the last committed step.
+
+``baseline=True`` does what a framework without placectl does instead: on any fault it
+releases everything, reserves from nothing, relaunches every worker and restores (its
+workers are not detached, so they die with their driver).
+
+The driver talks to ``scripts/train.py`` over stdin/stdout: ``@step``/``@event`` lines
+out, and at a scheduled fault ``@fault`` out and one line back once the fault is done.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import json
+import pathlib
+import sys
+import time
+
+import msgspec
+import ray
+
+import clients
+from controller.planning.spec_edit import with_component
+from grpo import workers
+from grpo.checkpoints import Checkpoints
+from grpo.config import TrainConfig
+
+# Rollout on both GPUs of each of the job's four nodes: the four it had keep their GPUs
+# (ranks 0-3 on GPUs 0, 2, 4, 6), the new ones take the others (explicit process ranks,
+# written in resource order).
+GROW = "0:0,1:4,2:1,3:5,4:2,5:6,6:3,7:7"
+MAX_ATTEMPTS = 4  # recoveries of one step before the error is someone else's to read
+
+
+class Options(msgspec.Struct, frozen=True, kw_only=True):
+    """What one driver process is told by ``train.py``."""
+
+    address: str
+    job: str
+    spec: dict  # the cluster block
+    config: TrainConfig
+    checkpoints: str
+    faults: list[tuple[str, int]] = []  # (kind, step) still to happen in this run
+    resume: bool = False  # a new driver of a running job
+    baseline: bool = False
+
+
+def send(tag: str, **data) -> None:
+    print(f"@{tag} {json.dumps(data)}", flush=True)
+
+
+def fault(kind: str, step: int) -> dict:
+    """Ask ``train.py`` to inject a fault now; returns its reply once done."""
+    send("fault", kind=kind, step=step)
+    line = sys.stdin.readline()
+    if not line:
+        raise SystemExit("train.py went away")
+    return json.loads(line)
+
+
+def gather(refs: list) -> list:
+    """Every result, in order, once all are done; the first error if any failed (each
+    one is read, so Ray reports none of them as unhandled)."""
+    ray.wait(refs, num_returns=len(refs))
+    out, first = [], None
+    for ref in refs:
+        try:
+            out.append(ray.get(ref))
+        except ray.exceptions.RayError as e:
+            first = first or e
+    if first is not None:
+        raise first
+    return out
+
+
+def split(items: list, parts: int) -> list[list]:
+    """``items`` in ``parts`` contiguous shards, as even as can be."""
+    size, extra = divmod(len(items), parts)
+    out, at = [], 0
+    for p in range(parts):
+        n = size + (p < extra)
+        out.append(items[at : at + n])
+        at += n
+    return out
+
+
+class Job:
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.ctl = clients.connect(address=opts.address)
+        self.ckpt = Checkpoints(opts.checkpoints)
+        self.res = None
+        self.groups: dict[str, clients.WorkerGroup] = {}
+        self.pending = set(map(tuple, opts.faults))
+        self.pool = concurrent.futures.ThreadPoolExecutor(4)
+
+    # ------------------------------------------------------------ bring-up
+    def _classes(self) -> dict[str, tuple]:
+        cfg, ckpt = self.opts.config, self.opts.checkpoints
+        return {
+            "actor": (workers.Trainer, cfg, ckpt),
+            "rollout": (workers.Generator, cfg),
+            "reward": (workers.Scorer,),
+        }
+
+    def _each(self, fn, items):
+        """``fn`` over ``items`` at once (each one waits on its own workers)."""
+        return dict(zip(items, self.pool.map(fn, items), strict=True))
+
+    def _launch(self) -> None:
+        detached = not self.opts.baseline
+
+        def launch(name):
+            cls, *args = self._classes()[name]
+            return clients.WorkerGroup.launch(self.res, name, cls, *args, detached=detached)
+
+        self.groups = self._each(launch, list(self._classes()))
+
+    def _rejoin(self) -> None:
+        """Every trainer rank re-forms the process group and restores the last
+        committed step; every rollout worker takes its weights."""
+        last = self.ckpt.committed()
+        gather([t.join.remote(last) for t in self.groups["actor"].actors])
+        self._publish_weights()
+
+    def _publish_weights(self) -> None:
+        weights = self.groups["actor"].actors[0].weights.remote()
+        gather([g.load.remote(weights) for g in self.groups["rollout"].actors])
+
+    def start(self) -> None:
+        t0 = time.time()
+        if self.opts.resume and not self.opts.baseline:
+            self.res = self.ctl.reservation(self.opts.job)  # one read of the GCS
+            self.res.wait_ready(timeout=300)
+
+            def attach(name):
+                cls, *args = self._classes()[name]
+                group = clients.WorkerGroup.attach(self.res, name, cls, *args)
+                return group, group.repair(timeout=300)  # ranks lost while no driver ran
+
+            found = self._each(attach, list(self._classes()))
+            self.groups = {n: g for n, (g, _) in found.items()}
+            lost = {n: r for n, (_, r) in found.items() if r}
+            self._rejoin()
+            send("event", kind="attached", seconds=time.time() - t0, relaunched=lost)
+            return
+        if self.opts.resume:  # the baseline starts over from nothing
+            spec = self._current_spec()
+            self.ctl.release(self.opts.job)
+        else:
+            spec = self.opts.spec
+        self.res = self.ctl.reserve(self.opts.job, spec, timeout_s=300)
+        self._launch()
+        self._rejoin()
+        send("event", kind="launched", seconds=time.time() - t0, resume=self.opts.resume)
+
+    def _current_spec(self):
+        try:
+            return self.ctl.record(self.opts.job).spec
+        except clients.PlacementError:
+            return self.opts.spec
+
+    # ------------------------------------------------------------ training
+    def run(self) -> None:
+        self.start()
+        for step in range(self.ckpt.committed() + 1, self.opts.config.steps + 1):
+            self._before(step)
+            for attempt in itertools.count(1):
+                try:
+                    self._step(step)
+                    break
+                except ray.exceptions.RayError as e:
+                    if attempt >= MAX_ATTEMPTS:
+                        raise
+                    self._recover(step, e)
+
+    def _before(self, step: int) -> None:
+        if ("controller", step) in self.pending:
+            self.pending.discard(("controller", step))
+            fault("controller", step)  # training goes on while it restarts
+        if ("grow", step) in self.pending:
+            self.pending.discard(("grow", step))
+            fault("grow", step)  # recorded like a fault: the decision is taken now
+            self._grow(step)
+
+    def _step(self, step: int) -> None:
+        started = time.time()
+        gens = self.groups["rollout"].actors
+        parts = split(list(range(self.opts.config.prompts)), len(gens))
+        outs = gather([g.generate.remote(step, p) for g, p in zip(gens, parts, strict=True)])
+        rolled = sorted(itertools.chain.from_iterable(outs))
+        t_rollout = time.time()
+        scorers = self.groups["reward"].actors
+        parts = split(rolled, len(scorers))
+        scored = gather([s.score.remote(p) for s, p in zip(scorers, parts, strict=True)])
+        rewards = list(itertools.chain.from_iterable(scored))
+        batch = [(t, samples, r) for (_, t, samples), r in zip(rolled, rewards, strict=True)]
+        t_reward = time.time()
+        if ("node", step) in self.pending:  # mid-step: the rollouts are done, training not
+            self.pending.discard(("node", step))
+            fault("node", step)
+        trainers = self.groups["actor"].actors
+        shards = split(batch, len(trainers))
+        refs = [t.train.remote(step, s) for t, s in zip(trainers, shards, strict=True)]
+        if ("driver", step) in self.pending:  # the updates are in flight: killed here
+            fault("driver", step)
+        losses = gather(refs)
+        t_train = time.time()
+        self._publish_weights()
+        flat = [x for rs in rewards for x in rs]
+        metrics = {
+            "step": step,
+            "reward": sum(flat) / len(flat),
+            "exact": sum(x == 1.0 for x in flat) / len(flat),
+            "loss": sum(losses) / len(losses),
+            "epoch": self.res.refresh().epoch,
+            "rollout_workers": len(gens),
+            "seconds": {
+                "rollout": t_rollout - started,
+                "reward": t_reward - t_rollout,
+                "train": t_train - t_reward,
+                "sync": time.time() - t_train,
+            },
+            "finished_at": time.time(),
+        }
+        self.ckpt.commit(step, metrics)
+        send("step", **metrics)
+
+    # ------------------------------------------------------------ faults
+    def _recover(self, step: int, error: Exception) -> None:
+        started = time.time()
+        cause = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+        if self.opts.baseline:
+            spec = self._current_spec()
+            for g in self.groups.values():
+                g.shutdown()
+            self.ctl.release(self.opts.job)
+            self.res = self.ctl.reserve(self.opts.job, spec, timeout_s=300)
+            self._launch()
+            self._rejoin()
+            send("event", kind="restarted", step=step, cause=cause, seconds=time.time() - started)
+            return
+        self.res.wait_ready(timeout=300)
+        ready = time.time()
+        relaunched = self._each(lambda n: self.groups[n].repair(timeout=300), list(self.groups))
+        restarted = time.time()
+        self._rejoin()
+        send(
+            "event",
+            kind="repaired",
+            step=step,
+            cause=cause,
+            relaunched={n: r for n, r in relaunched.items() if r},
+            epoch=self.res.epoch,
+            seconds=time.time() - started,
+            parts={
+                "reservation": ready - started,
+                "workers": restarted - ready,
+                "rejoin": time.time() - restarted,
+            },
+        )
+
+    def _grow(self, step: int) -> None:
+        """Give rollout the job's other four GPUs while everything runs."""
+        started = time.time()
+        trainers = [a._actor_id for a in self.groups["actor"].actors]
+        started_ranks: list[int] = []
+        if self.opts.baseline:  # no elastic reservation: start over with the new layout
+            spec = with_component(self._current_spec(), "rollout", GROW)
+            for g in self.groups.values():
+                g.shutdown()
+            self.ctl.release(self.opts.job)
+            self.res = self.ctl.reserve(self.opts.job, spec, timeout_s=300)
+            self._launch()
+            self._rejoin()
+        else:
+            self.ctl.resize(self.opts.job, "rollout", GROW)
+            started_ranks = self.groups["rollout"].sync().started
+            actor = self.groups["actor"].sync()
+            if actor.moved or actor.started or actor.stopped:
+                raise RuntimeError(f"grow touched the trainer ranks: {actor}")
+            self._publish_weights()
+        now = [a._actor_id for a in self.groups["actor"].actors]
+        send(
+            "event",
+            kind="grew",
+            step=step,
+            rollout=len(self.groups["rollout"]),
+            started=started_ranks,
+            trainers_kept=sum(a == b for a, b in zip(now, trainers, strict=True)),
+            epoch=self.res.refresh().epoch,
+            seconds=time.time() - started,
+        )
+
+
+def main(opts: Options, ship_code: bool = False) -> int:
+    """Drive the job. Workers import ``grpo`` from the driver's path, which Ray hands
+    them (enough on the embedded cluster, or where every node shares the path);
+    ``ship_code`` sends the package with the job instead, for any other cluster."""
+    env = {"py_modules": [str(pathlib.Path(__file__).parent)]} if ship_code else None
+    ray.init(address=opts.address, logging_level="ERROR", log_to_driver=False, runtime_env=env)
+    Job(opts).run()
+    send("done")
+    return 0

@@ -1,0 +1,107 @@
+"""What a person sees of a run: a line per step, the faults and what they cost, a plot
+of reward against wall time, and the comparison of a faulted run with a fault-free one."""
+
+from __future__ import annotations
+
+import math
+
+HEADER = (
+    f"{'step':>4}  {'reward':>6}  {'exact':>5}  {'loss':>8}  {'time':>6}  {'epoch':>5}  rollout"
+)
+
+
+def step_line(m: dict, took: float | None) -> str:
+    took_s = f"{took:5.2f}s" if took is not None else "     -"
+    return (
+        f"{m['step']:>4}  {m['reward']:6.3f}  {m['exact']:5.2f}  {m['loss']:+8.4f}  "
+        f"{took_s}  {m['epoch']:>5}  {m['rollout_workers']:>7}"
+    )
+
+
+def event_line(e: dict) -> str:
+    kind = e["kind"]
+    secs = f" in {e['seconds']:.2f}s" if "seconds" in e else ""
+    if kind == "fault":
+        return f"      ** {e['what']}"
+    if kind == "repaired":
+        ranks = ", ".join(f"{c}{r}" for c, r in e["relaunched"].items()) or "none"
+        parts = ", ".join(f"{k} {v:.2f}s" for k, v in e.get("parts", {}).items())
+        return (
+            f"      -> repaired{secs} ({parts}): relaunched {ranks}; epoch {e['epoch']}\n"
+            f"         after {e['cause']}"
+        )
+    if kind == "restarted":
+        return f"      -> started over{secs}: released, reserved, relaunched every worker"
+    if kind == "attached":
+        lost = e.get("relaunched") or {}
+        extra = f", relaunched {lost}" if lost else ""
+        return f"      -> a new driver attached to the reservation and its workers{secs}{extra}"
+    if kind == "launched":
+        how = "a new driver reserved and launched" if e.get("resume") else "launched"
+        return f"      -> {how} every worker{secs}"
+    if kind == "grew":
+        return (
+            f"      -> rollout grew to {e['rollout']} workers{secs} (started {e['started']}); "
+            f"trainer ranks kept running: {e['trainers_kept']} of 4; epoch {e['epoch']}"
+        )
+    return f"      -> {e}"
+
+
+def recoveries(run: dict) -> list[dict]:
+    """Each fault with the seconds from it to the next finished step."""
+    out = []
+    for f in run["faults"]:
+        after = [s["finished_at"] for s in run["steps"] if s["finished_at"] > f["at"]]
+        nxt = min(after) if after else math.nan
+        out.append({**f, "seconds": nxt - f["at"]})
+    return out
+
+
+def compare(reference: list[dict], faulted: list[dict]) -> tuple[bool, str]:
+    """Whether two runs' per-step metrics agree (the same rewards, losses within 1e-6)."""
+    if [m["step"] for m in reference] != [m["step"] for m in faulted]:
+        return False, f"steps differ: {len(reference)} vs {len(faulted)}"
+    worst = 0.0
+    for a, b in zip(reference, faulted, strict=True):
+        if (a["reward"], a["exact"]) != (b["reward"], b["exact"]):
+            return False, f"step {a['step']}: reward {a['reward']} vs {b['reward']}"
+        worst = max(worst, abs(a["loss"] - b["loss"]))
+    if worst > 1e-6:
+        return False, f"losses differ by up to {worst:.3g}"
+    return True, f"equal at all {len(reference)} steps: same rewards, losses within {worst:.1g}"
+
+
+def plot(runs: dict[str, dict], path: str) -> str:
+    """Reward against wall time, faults marked; says where it went, or why not."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot: matplotlib is not installed (pip install 'placectl[plot]')"
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for name, run in runs.items():
+        t0 = run["started_at"]
+        xs = [s["finished_at"] - t0 for s in run["steps"]]
+        ax.plot(xs, [s["reward"] for s in run["steps"]], marker=".", label=name)
+        for k, f in enumerate(recoveries(run)):
+            ax.axvline(f["at"] - t0, color="tab:red", linestyle="--", linewidth=1)
+            ax.annotate(
+                f"{f['kind']} @{f['step']}\n+{f['seconds']:.1f}s",
+                (f["at"] - t0, 0.02 + 0.1 * (k % 3)),
+                fontsize=8,
+                color="tab:red",
+                xytext=(3, 0),
+                textcoords="offset points",
+            )
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("mean reward")
+    ax.set_ylim(0, 1)
+    ax.set_title("GRPO on placectl: reward against wall time, faults marked")
+    ax.legend(loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"plot: {path}"

@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""A real GRPO post-training job on placectl, through the faults placectl exists for.
+
+Starts a local Ray cluster of simulated GPU nodes (a head and five nodes of 2 fake
+GPUs; one is the spare) unless given ``--address``, and runs the job of
+``scripts/examples/grpo.yaml``: four trainer ranks in a DDP group over gloo across four
+nodes (``actor``), rollout workers sharing their GPUs (``rollout``), reward workers on
+the head (``reward``). The driver is a separate process, so that it can be killed.
+
+Faults happen on a schedule (``--faults node@5,driver@9,controller@12,grow@15``):
+
+* ``node``: the node of trainer rank 0 is removed in the middle of the step (after its
+  rollouts); the driver's loop catches the dead workers, ``repair()`` relaunches them
+  where the controller put the lost slot, they restore the last checkpoint, and the step
+  runs again. A fresh node then joins as the next spare.
+* ``driver``: the driver is killed while the step's updates are in flight; a new driver
+  process attaches to the reservation and its detached workers and goes on from the last
+  committed step.
+* ``controller``: the controller is killed; training does not notice.
+* ``grow``: ``resize`` gives rollout four more GPUs; ``sync()`` starts the new workers;
+  the trainer ranks keep running.
+
+``--baseline`` recovers as a framework without placectl does (release, reserve from
+nothing, relaunch every worker, restore); ``--compare`` runs without faults first and
+checks that the faulted run's per-step metrics are equal.
+
+Usage: scripts/train.py [--steps 40] [--seed 0] [--faults SPEC] [--compare]
+                        [--baseline] [--plot reward.png] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(1, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import msgspec
+import yaml
+from grpo import report
+from grpo.config import TrainConfig
+
+HERE = pathlib.Path(__file__).resolve().parent
+SPEC = HERE / "examples" / "grpo.yaml"
+KINDS = ("node", "driver", "controller", "grow")
+GPU_NODES, GPUS = 5, 2
+
+
+def parse_faults(text: str, steps: int) -> list[tuple[str, int]]:
+    """``node@5,driver@9`` -> [("node", 5), ("driver", 9)], checked."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, _, at = part.partition("@")
+        if kind not in KINDS or not at.isdigit() or not 1 <= int(at) <= steps:
+            raise SystemExit(
+                f"train.py: error: --faults {part!r}: expected KIND@STEP with KIND one of "
+                f"{', '.join(KINDS)} and STEP in 1-{steps}"
+            )
+        if (kind, int(at)) in out:
+            raise SystemExit(f"train.py: error: --faults names {part!r} twice")
+        out.append((kind, int(at)))
+    if sum(k == "grow" for k, _ in out) > 1:
+        raise SystemExit("train.py: error: --faults: grow happens at most once")
+    return out
+
+
+class Cluster:
+    """The embedded local cluster, or a running one (no node faults there)."""
+
+    def __init__(self, address: str | None) -> None:
+        import ray
+
+        self.local = None
+        if address is None:
+            from ray.cluster_utils import Cluster as RayCluster
+
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            self.local = RayCluster(
+                initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0}
+            )
+            for _ in range(GPU_NODES):
+                self.local.add_node(num_cpus=GPUS, num_gpus=GPUS)
+            self.local.wait_for_nodes()
+            address = self.local.address
+        self.address = address
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        import clients
+
+        self.ctl = clients.connect(address=address)
+
+    def lose_node_of(self, job: str) -> str:
+        """Remove the node that holds trainer rank 0 of ``job``; its IP and id."""
+        node = self.ctl.reservation(job).assignments("actor")[0].placement
+        victim = next(n for n in self.local.list_all_nodes() if n.node_id == node.node_id)
+        self.local.remove_node(victim)
+        return f"{node.node_ip} ({node.node_id[:12]})"
+
+    def add_spare(self) -> None:
+        self.local.add_node(num_cpus=GPUS, num_gpus=GPUS)
+
+    def kill_controller(self) -> None:
+        import ray
+
+        ray.kill(self.ctl.handle, no_restart=False)
+
+    def close(self) -> None:
+        import ray
+
+        ray.shutdown()
+        if self.local is not None:
+            self.local.shutdown()
+
+
+def run(cluster: Cluster, name: str, config: TrainConfig, faults, baseline: bool, out) -> dict:
+    """One training run, its driver restarted as the schedule says; its record."""
+    from grpo.job import Options
+
+    ckpt = tempfile.mkdtemp(prefix=f"placectl-{name}-", dir=out)
+    spec = yaml.safe_load(SPEC.read_text())["cluster"]
+    job = f"grpo-{name}"
+    record = {"name": name, "faults": [], "steps": [], "events": [], "started_at": time.time()}
+    pending, resume, spares = list(faults), False, 0
+    print(f"\n== {name}: {config.steps} steps, seed {config.seed}, faults {faults or 'none'}")
+    last_end = None
+    while True:
+        opts = Options(
+            address=cluster.address,
+            job=job,
+            spec=spec,
+            config=config,
+            checkpoints=ckpt,
+            faults=pending,
+            resume=resume,
+            baseline=baseline,
+        )
+        cmd = [sys.executable, __file__, "--as-driver", msgspec.json.encode(opts).decode()]
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        killed = False
+        for line in proc.stdout:
+            kind, _, body = line.partition(" ")
+            if kind not in ("@step", "@event", "@fault", "@done"):
+                print(line, end="", file=sys.stderr)
+                continue
+            data = json.loads(body) if body.strip() else {}
+            if kind == "@step":
+                if not record["steps"]:
+                    print(report.HEADER)
+                took = data["finished_at"] - last_end if last_end else None
+                last_end = data["finished_at"]
+                record["steps"].append(data)
+                print(report.step_line(data, took), flush=True)
+                while spares:  # the operator's replacement joins as the next spare
+                    cluster.add_spare()
+                    spares -= 1
+            elif kind == "@event":
+                record["events"].append(data)
+                print(report.event_line(data), flush=True)
+            elif kind == "@fault":
+                what, step = data["kind"], data["step"]
+                pending.remove((what, step))
+                if what == "node":
+                    detail = f"node {cluster.lose_node_of(job)} lost at step {step}"
+                    spares += 1
+                elif what == "controller":
+                    cluster.kill_controller()
+                    detail = f"controller killed at step {step}"
+                elif what == "grow":
+                    detail = f"rollout grows onto four more GPUs at step {step}"
+                else:
+                    proc.kill()
+                    proc.wait()
+                    detail = f"driver killed at step {step}, its updates in flight"
+                    killed = True
+                fault = {"kind": what, "step": step, "at": time.time()}
+                record["faults"].append(fault)
+                print(report.event_line({"kind": "fault", "what": detail}), flush=True)
+                if killed:
+                    break
+                proc.stdin.write(json.dumps({"at": fault["at"]}) + "\n")
+                proc.stdin.flush()
+        rc = proc.wait()
+        if killed:
+            resume = True
+            continue
+        if rc != 0:
+            raise SystemExit(f"train.py: the driver of {name!r} failed (exit {rc})")
+        break
+    cluster.ctl.release(job)
+    return record
+
+
+def summary(record: dict) -> None:
+    steps = record["steps"]
+    print(
+        f"   reward {steps[0]['reward']:.3f} at step 1 -> {steps[-1]['reward']:.3f} at step "
+        f"{steps[-1]['step']}; {record['steps'][-1]['finished_at'] - record['started_at']:.1f}s"
+    )
+    for f in report.recoveries(record):
+        print(f"   {f['kind']} at step {f['step']}: {f['seconds']:.2f}s to the next finished step")
+
+
+def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--as-driver":
+        from grpo.job import Options
+        from grpo.job import main as drive
+
+        opts = msgspec.json.decode(sys.argv[2], type=Options)
+        return drive(opts, ship_code=os.environ.get("PLACECTL_TRAIN_SHIP_CODE") == "1")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--gpu-ms-per-token", type=float, default=10.0)
+    ap.add_argument("--faults", default="", help="e.g. node@5,driver@9,controller@12,grow@15")
+    ap.add_argument("--baseline", action="store_true", help="recover without placectl")
+    ap.add_argument("--compare", action="store_true", help="run fault-free first, compare")
+    ap.add_argument("--address", help="a running Ray cluster (default: start a local one)")
+    ap.add_argument("--plot", help="write reward against wall time to this PNG")
+    ap.add_argument("--json", help="write every run's record to this file")
+    ap.add_argument("--out", default=None, help="where checkpoints go (a shared path)")
+    args = ap.parse_args()
+    if args.steps < 1 or args.prompts < 4 or args.prompts % 4:
+        raise SystemExit("train.py: error: --steps >= 1, --prompts a multiple of 4 (>= 4)")
+    faults = parse_faults(args.faults, args.steps)
+    if args.address and any(k == "node" for k, _ in faults):
+        raise SystemExit("train.py: error: node faults need the embedded cluster (no --address)")
+    config = TrainConfig(
+        seed=args.seed,
+        steps=args.steps,
+        prompts=args.prompts,
+        gpu_ms_per_token=args.gpu_ms_per_token,
+    )
+    out = args.out or tempfile.mkdtemp(prefix="placectl-train-")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    if args.address:  # the drivers ship grpo/ to the cluster's workers
+        os.environ["PLACECTL_TRAIN_SHIP_CODE"] = "1"
+    cluster = Cluster(args.address)
+    runs, ok = {}, True
+    try:
+        if args.compare:
+            runs["fault-free"] = run(cluster, "reference", config, [], args.baseline, out)
+            summary(runs["fault-free"])
+        name = "baseline" if args.baseline else "placectl"
+        runs[name] = run(cluster, name, config, faults, args.baseline, out)
+        summary(runs[name])
+        if args.compare:
+            ok, verdict = report.compare(runs["fault-free"]["steps"], runs[name]["steps"])
+            print(f"\n== the faulted run against the fault-free one: {verdict}")
+    finally:
+        cluster.close()
+    if args.plot:
+        print(report.plot(runs, args.plot))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"runs": runs}, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
