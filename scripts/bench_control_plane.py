@@ -30,7 +30,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from controller.runtime.controller import PlacementController
-from controller.runtime.fake import FakeCluster, Latency
+from controller.runtime.fake import DriverTable, FakeCluster, Latency
 from controller.runtime.settings import Settings
 
 GPUS = 8
@@ -50,19 +50,6 @@ def job_spec(first: int, count: int, num_nodes: int) -> dict:
         "node_groups": [{"label": "mine", "node_ranks": f"{first}-{first + count - 1}"}],
         "component_placement": {"actor,rollout": {"node_group": "mine", "placement": "all"}},
     }
-
-
-class DictTable:
-    """The fake GCS, read the way a driver reads the real one."""
-
-    def __init__(self, kv: dict[bytes, bytes]):
-        self.kv = kv
-
-    def get(self, k: bytes) -> bytes | None:
-        return self.kv.get(k)
-
-    def keys(self, prefix: bytes) -> list[bytes]:
-        return [k for k in self.kv if k.startswith(prefix)]
 
 
 async def timed(coro):
@@ -151,7 +138,7 @@ async def one_size(nodes: int, reps: int) -> dict:
     attach = []
     for _ in range(reps):
         started = time.perf_counter()
-        res = Controller(None, table=DictTable(fake.kv)).reservation("big")
+        res = Controller(None, table=DriverTable(fake)).reservation("big")
         res.assignments("actor")
         attach.append(time.perf_counter() - started)
     out["attach"] = attach

@@ -72,7 +72,8 @@ def compare(reference: list[dict], faulted: list[dict]) -> tuple[bool, str]:
 
 
 def plot(runs: dict[str, dict], path: str) -> str:
-    """Reward against wall time, faults marked; says where it went, or why not."""
+    """Reward against wall time from each run's first step, faults marked; says where it
+    went, or why not."""
     try:
         import matplotlib
 
@@ -82,7 +83,7 @@ def plot(runs: dict[str, dict], path: str) -> str:
         return "no plot: matplotlib is not installed (pip install 'placectl[plot]')"
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for name, run in runs.items():
-        t0 = run["started_at"]
+        t0 = run["steps"][0]["finished_at"]  # aligned at step 1: launches differ
         xs = [s["finished_at"] - t0 for s in run["steps"]]
         ax.plot(xs, [s["reward"] for s in run["steps"]], marker=".", label=name)
         for k, f in enumerate(recoveries(run)):
@@ -95,7 +96,7 @@ def plot(runs: dict[str, dict], path: str) -> str:
                 xytext=(3, 0),
                 textcoords="offset points",
             )
-    ax.set_xlabel("wall time (s)")
+    ax.set_xlabel("wall time since step 1 finished (s)")
     ax.set_ylabel("mean reward")
     ax.set_ylim(0, 1)
     ax.set_title("GRPO on placectl: reward against wall time, faults marked")
