@@ -22,6 +22,7 @@ read as empty.
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any, TypeVar
 
 import msgspec
@@ -93,11 +94,29 @@ def encode(value: Any) -> bytes:
     return msgspec.msgpack.encode(value)
 
 
+_DECODERS: dict[type, msgspec.msgpack.Decoder] = {}
+_DECODERS_LOCK = threading.Lock()
+
+
+def _decoder(typ: type[T]) -> msgspec.msgpack.Decoder:
+    """The one decoder of ``typ``. msgspec builds a type's decoding information on its
+    first use, and threads that do that at once can crash the process (seen: a driver
+    launching worker groups from three threads); so it is built here, once, under a lock.
+    """
+    decoder = _DECODERS.get(typ)
+    if decoder is None:
+        with _DECODERS_LOCK:
+            decoder = _DECODERS.get(typ)
+            if decoder is None:
+                decoder = _DECODERS[typ] = msgspec.msgpack.Decoder(typ)
+    return decoder
+
+
 def decode(data: bytes, typ: type[T], what: str) -> T:
     """Decode a versioned record; newer versions and undecodable bytes raise
-    :class:`TableUnreadable` naming ``what`` and why."""
+    :class:`TableUnreadable` naming ``what`` and why. Safe from any thread."""
     try:  # the version alone: decoding skips the rest without building it
-        version = msgspec.msgpack.decode(data, type=_Head).v
+        version = _decoder(_Head).decode(data).v
     except msgspec.ValidationError:
         version = 0  # not a mapping: the typed decode below says what is wrong
     except msgspec.DecodeError as e:
@@ -108,7 +127,7 @@ def decode(data: bytes, typ: type[T], what: str) -> T:
             f"reads up to {SCHEMA_VERSION}"
         )
     try:
-        return msgspec.msgpack.decode(data, type=typ)
+        return _decoder(typ).decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise TableUnreadable(f"{what} cannot be decoded ({e})") from None
 
