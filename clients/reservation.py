@@ -112,7 +112,7 @@ class Reservation:
             self._refresh_record()
             record = self._record
         # Still apart (a write that failed half way): the controller's memory is consistent.
-        block = _BLOCK.decode(self.controller._call("component", self.job, component))
+        block = _BLOCK.decode(self.controller.call("component", self.job, component))
         if (block.uid, block.epoch) != (record.uid, record.epoch):
             raise StaleReservation(f"reservation {self.job!r} changed while being read; retry")
         return block.assignments()
@@ -179,13 +179,13 @@ class Reservation:
         :meth:`release_ports`.
         """
         request_id = None if name is not None else uuid.uuid4().hex
-        return self.controller._call(
+        return self.controller.call(
             "lease_ports", self.job, component, rank, count, consecutive, name, request_id
         )
 
     def release_ports(self, ports: list[int]) -> int:
         """End the leases holding any of ``ports``; master ports stay."""
-        return self.controller._call("release_ports", self.job, list(ports))
+        return self.controller.call("release_ports", self.job, list(ports))
 
     def wait_ready(
         self,

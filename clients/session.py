@@ -184,18 +184,20 @@ class Controller:
             self.handle = ray.get_actor(self.name, namespace=self.namespace)
         return self.handle
 
-    def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+    def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        """Call one of the controller actor's methods and wait; a PlacementError it
+        raises is raised here as itself."""
         ref = getattr(self._actor(), method).remote(*args)
         return _unwrap(lambda: ray.get(ref, timeout=timeout))
 
     def check_alive(self) -> str:
         """Round-trip to the controller; returns its incarnation id (new on each restart)."""
-        return self._call("check_alive")
+        return self.call("check_alive")
 
     def health(self) -> dict[str, Any]:
         """The controller's incarnation, whether it has recovered, and why it refuses to
         act if it does (an unreadable table)."""
-        return self._call("health")
+        return self.call("health")
 
     def reserve(
         self,
@@ -287,7 +289,7 @@ class Controller:
     ) -> ApplySummary:
         """:meth:`apply` with one component placed anew: a new placement string
         (``resize(job, "rollout", "0-15")``), other node groups (a move), or both."""
-        data = self._call("resize", job, component, placement, node_group, timeout_s, plan)
+        data = self.call("resize", job, component, placement, node_group, timeout_s, plan)
         return _SUMMARY.decode(data)
 
     def reservation(self, job: str) -> Reservation:
@@ -341,22 +343,22 @@ class Controller:
         return dict(sorted(out.items()))
 
     def status(self, job: str) -> ReservationInfo:
-        return _INFO.decode(self._call("status", job))
+        return _INFO.decode(self.call("status", job))
 
     def list(self) -> list[ReservationInfo]:
-        return _INFOS.decode(self._call("list"))
+        return _INFOS.decode(self.call("list"))
 
     def release(self, job: str) -> bool:
         """Release ``job`` (cancelling a reserve of it in progress); True if it existed.
         Returns once Ray reports every group gone. Idempotent."""
-        return self._call("release", job)
+        return self.call("release", job)
 
     def release_all(self) -> list[str]:
-        return self._call("release_all")
+        return self.call("release_all")
 
     def repair(self, job: str) -> ReservationInfo:
         """Replace the lost slots of ``job`` now (see ``repair="manual"``)."""
-        return _INFO.decode(self._call("repair", job))
+        return _INFO.decode(self.call("repair", job))
 
     def stop(self) -> None:
         """Kill the controller actor. Reservations and their groups stay; a new

@@ -43,8 +43,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import clients
 from controller import PlacementError, load_spec
+from controller.runtime.nodes import live_view
 from controller.runtime.ray_io import node_infos
-from controller.runtime.reserving import live_view
 from controller.state.table import KV_NAMESPACE, LEGACY_KEY, kv_prefix
 from tests.unit.fakes import v1_table
 

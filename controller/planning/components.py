@@ -136,9 +136,8 @@ class ComponentPlacement:
                 [units[0] for units in procs], node_group=groups
             )
         else:
-            strategy = FlexiblePlacementStrategy._from_plan(procs, groups)
-        strategy._num_nodes, strategy._floating = self.spec.num_nodes, floating
-        return strategy, pool, procs
+            strategy = FlexiblePlacementStrategy.from_plan(procs, groups)
+        return strategy.bind(self.spec.num_nodes, floating), pool, procs
 
     @property
     def components(self) -> list[str]:

@@ -1,4 +1,4 @@
-"""Apply a new configuration to a live reservation (a mixin of PlacementController).
+"""Apply a new configuration to a live reservation.
 
 Which slots stay, go and come is decided by :mod:`controller.state.change`; this module
 makes it happen in the order that keeps the old reservation whole until the new one is:
@@ -14,6 +14,8 @@ A failure or timeout before 4 removes what was made and clears the intent: the
 reservation is exactly as before (a rebuilt slot that was already removed is made again
 by the repair, as a slot whose group vanished). A controller that restarts with an
 intent clears it the same way; its groups are orphans.
+
+It changes records only through the state owner and holds the job's lock while it does.
 """
 
 from __future__ import annotations
@@ -30,12 +32,20 @@ from controller.planning.components import ComponentPlacement
 from controller.planning.node_groups import choose_floating
 from controller.planning.spec_edit import with_component
 from controller.runtime import groups
+from controller.runtime.checks import Checker
+from controller.runtime.incarnation import Incarnation
+from controller.runtime.io import ClusterIO
+from controller.runtime.leasing import Leaser
+from controller.runtime.locks import JobLocks
+from controller.runtime.nodes import ClusterNodes
+from controller.runtime.progress import Progress
+from controller.runtime.settings import Settings
+from controller.runtime.state import ReservationState
 from controller.state.change import ApplySummary, Change, bound_view, plan_slots_change
 from controller.state.plan import JobPlan
 from controller.state.ports import MASTER
 from controller.state.published import publish
 from controller.state.records import READY, Applying, ReservationRecord
-from controller.state.requests import check_flag, check_job, check_timeout, coerce_spec
 from controller.state.table import StoredPlan
 
 log = logging.getLogger("placectl.controller")
@@ -45,14 +55,36 @@ def _fits(free: dict[str, float], need: dict[str, float]) -> bool:
     return all(free.get(k, 0.0) + 1e-9 >= v for k, v in need.items())
 
 
-class ApplyingMixin:
-    """``apply``, ``resize``, ``move``; see the module docstring."""
+class Applier:
+    """``apply`` and ``resize``; see the module docstring."""
 
-    async def apply(
-        self, job: str, spec: Any, timeout_s: float = 300.0, dry_run: bool = False
-    ) -> bytes:
-        """Give the live reservation ``job`` the configuration ``spec``, touching only
-        what changes; returns the encoded :class:`ApplySummary`.
+    def __init__(
+        self,
+        io: ClusterIO,
+        state: ReservationState,
+        nodes: ClusterNodes,
+        locks: JobLocks,
+        checker: Checker,
+        leaser: Leaser,
+        progress: Progress,
+        incarnation: Incarnation,
+        settings: Settings,
+        prefix: str,
+    ) -> None:
+        self._io = io
+        self._state = state
+        self._nodes = nodes
+        self._locks = locks
+        self._checker = checker
+        self._leaser = leaser
+        self._progress = progress
+        self._incarnation = incarnation
+        self.settings = settings
+        self._prefix = prefix
+
+    async def apply(self, job: str, spec: Any, timeout: float, dry_run: bool) -> ApplySummary:
+        """Give the live reservation ``job`` the configuration ``spec`` (arguments checked
+        by the caller), touching only what changes; what changed (or would).
 
         Slots whose bundles are unchanged keep their groups and devices; ranks whose
         placement is unchanged keep their assignments byte for byte (master ports
@@ -66,23 +98,16 @@ class ApplyingMixin:
             ReservationError: it is not ready, or the change could not be placed.
             PlacementError: the configuration is invalid or does not fit the cluster.
         """
-        await self._ready()
-        job = check_job(job)
-        spec = coerce_spec(spec)
-        timeout = check_timeout(timeout_s)
-        check_flag(dry_run, "dry_run")
-        await self._confirm([job])
-        async with self._lock(job):
+        await self._checker.confirm([job])
+        async with self._locks.job(job):
             started = time.monotonic()
-            res = self._get(job)
+            res = self._state.require(job)
             if res.spec == spec:
-                return msgspec.msgpack.encode(
-                    ApplySummary(
-                        job=job,
-                        epoch=res.epoch,
-                        applied=not dry_run,
-                        note="the reservation already has this configuration",
-                    )
+                return ApplySummary(
+                    job=job,
+                    epoch=res.epoch,
+                    applied=not dry_run,
+                    note="the reservation already has this configuration",
                 )
             if res.state != READY:
                 why = f": {res.reason}" if res.reason else ""
@@ -96,7 +121,7 @@ class ApplyingMixin:
                 )
             change, floating = await self._change(res, spec)
             if dry_run:
-                return msgspec.msgpack.encode(change.summary)
+                return change.summary
             new = await self._apply_change(res, spec, change, floating, started + timeout)
             summary = msgspec.structs.replace(change.summary, applied=True, epoch=new.epoch)
             log.warning(
@@ -107,28 +132,27 @@ class ApplyingMixin:
                 summary.slots_created,
                 summary.slots_removed,
             )
-            return msgspec.msgpack.encode(summary)
+            return summary
 
     async def resize(
         self,
         job: str,
         component: str,
-        placement: str | None = None,
-        node_group: str | list[str] | None = None,
-        timeout_s: float = 300.0,
-        dry_run: bool = False,
-    ) -> bytes:
+        placement: str | None,
+        node_group: str | list[str] | None,
+        timeout: float,
+        dry_run: bool,
+    ) -> ApplySummary:
         """Apply ``job``'s configuration with one component placed anew: a new placement
         string (``rollout`` from ``0-7`` to ``0-15``), other node groups (a move between
         groups), or both. See :meth:`apply`."""
-        await self._ready()
-        res = self._get(check_job(job))
+        res = self._state.require(job)
         spec = with_component(res.spec, component, placement, node_group)
-        return await self.apply(job, spec, timeout_s, dry_run)
+        return await self.apply(job, spec, timeout, dry_run)
 
     async def _change(self, res: ReservationRecord, spec) -> tuple[Change, dict]:
-        self._set_nodes(await self._io.nodes())
-        view = bound_view(res, self._cluster_view(spec.accelerator))
+        self._nodes.set_all(await self._io.nodes())
+        view = bound_view(res, self._nodes.view(spec.accelerator))
         old_groups = {g.label: g for g in res.spec.node_groups}
         floating, choose = {}, []
         for g in spec.node_groups:
@@ -142,7 +166,7 @@ class ApplyingMixin:
             free = await self._io.free_resources()
             floating.update(choose_floating(choose, view, free, spec.accelerator))
         plan = JobPlan.of(ComponentPlacement(spec, view, floating))
-        old_plan = (await self._plan_of(res.job)).plan
+        old_plan = (await self._state.plan(res.job)).plan
         prefix = f"{self._prefix}{res.job}:{secrets.token_hex(3)}:"
         return plan_slots_change(res, old_plan, plan, view, prefix), floating
 
@@ -155,11 +179,12 @@ class ApplyingMixin:
         deadline: float,
     ) -> ReservationRecord:
         job = res.job
-        epoch = max(res.epoch, self._epochs.get(job, 0)) + 1
-        previous = await self._published_of(job)
+        crash_point = self._incarnation.crash_point
+        epoch = max(res.epoch, self._state.epoch(job)) + 1
+        previous = await self._state.published(job)
         intent = Applying(epoch=epoch, group_names=[s.group_name for s in change.created])
-        await self._commit(msgspec.structs.replace(res, applying=intent))
-        self._crash_point("apply_after_intent")
+        await self._state.commit(msgspec.structs.replace(res, applying=intent))
+        crash_point("apply_after_intent")
         free = await self._io.free_resources()
         first, later = [], []
         for c, slot in enumerate(change.created):
@@ -169,7 +194,7 @@ class ApplyingMixin:
         created: dict[int, str] = {}
         removed_early: set[str] = set()
         holds: list = []
-        say = lambda m: self._say(job, m)  # noqa: E731
+        say = lambda m: self._progress.say(job, m)  # noqa: E731
         try:
             for batch in (first, later):
                 if not batch:
@@ -179,7 +204,7 @@ class ApplyingMixin:
                         res.slots[i].group_id for c in later for i in change.rebuilt[c]
                     } - {""}
                     marked = msgspec.structs.replace(intent, removed=sorted(removed_early))
-                    await self._commit(msgspec.structs.replace(res, applying=marked))
+                    await self._state.commit(msgspec.structs.replace(res, applying=marked))
                     left = await groups.remove_verified(
                         self._io, removed_early, self.settings.removal_timeout
                     )
@@ -188,7 +213,7 @@ class ApplyingMixin:
                             f"apply to {job!r}: the slots it rebuilds were not removed in "
                             f"time ({sorted(left)})"
                         )
-                    self._crash_point("apply_after_rebuild_removal")
+                    crash_point("apply_after_rebuild_removal")
                 got: dict[int, str] = {}
                 placed = await groups.create_and_wait(
                     self._io,
@@ -201,28 +226,28 @@ class ApplyingMixin:
                 )
                 created.update({batch[k]: gid for k, gid in got.items()})
                 made.update(zip(batch, placed, strict=True))
-            self._crash_point("apply_after_create")
+            crash_point("apply_after_create")
             say("probing accelerator ids")
             fresh = [made[c] for c in range(len(change.created))]
             fresh = await groups.probe(self._io, job, fresh, spec.accelerator, deadline)
-            self._crash_point("apply_after_probe")
+            crash_point("apply_after_probe")
             new = await self._applied_record(res, spec, change, floating, fresh, epoch, holds)
             published = publish(new, change.plan, previous=previous)
             stored = StoredPlan(job=job, uid=res.uid, epoch=epoch, plan=change.plan)
-            await self._commit(new, plan=stored, published=published)
+            await self._state.commit(new, plan=stored, published=published)
         except BaseException:
-            if self._dead:
+            if self._incarnation.dead:
                 raise
             await self._undo_apply(res, set(created.values()), intent, bool(removed_early))
             raise
         finally:
-            self._drop_holds(holds)
-            self._progress.pop(job, None)
-        self._crash_point("apply_after_write")
+            self._leaser.drop_holds(holds)
+            self._progress.clear(job)
+        crash_point("apply_after_write")
         gone = {c for c in previous.components if c not in new.world_sizes}
         if gone:
             try:
-                await self._store.delete_components(job, sorted(gone))
+                await self._state.drop_components(job, sorted(gone))
             except Exception as e:  # stale keys no record lists; harmless
                 log.info("removing the assignments of %s: %s", sorted(gone), e)
         old = {res.slots[i].group_id for i in change.removed} - removed_early - {""}
@@ -271,7 +296,7 @@ class ApplyingMixin:
         )
         missing = [c.name for c in plan.components if c.name not in has_master]
         if missing:
-            new = await self._lease_masters(new, plan, holds, missing)
+            new = await self._leaser.lease_masters(new, plan, holds, missing)
         return new
 
     async def _undo_apply(
@@ -282,8 +307,8 @@ class ApplyingMixin:
         if left:
             log.warning("apply to %r rolled back; groups %s not removed yet", res.job, left)
         try:
-            await self._commit(msgspec.structs.replace(res, applying=None))
+            await self._state.commit(msgspec.structs.replace(res, applying=None))
         except Exception as e:
             log.warning("apply to %r rolled back; clearing its intent failed: %s", res.job, e)
         if rebuilt:
-            self._recheck.add(res.job)  # its removed slots are made again by the repair
+            self._checker.recheck(res.job)  # its removed slots are made again by the repair

@@ -1,69 +1,62 @@
-"""The placement controller: one named, detached Ray actor per cluster."""
+"""The placement controller: one named, detached Ray actor per cluster.
+
+The actor is a facade. What it knows lives in one owner; what it does is done by the
+operations it composes, each given what it uses:
+
+* ``state``: the mirror of the table, and the only way to change it (write ahead);
+* ``nodes``: the nodes as Ray last reported them, and the planner's view of them;
+* ``locks``: who may change a job when (the rules are written in ``locks``);
+* ``checker``: what Ray says about each reservation, ready or degraded;
+* ``leaser``: master ports and leased ports;
+* ``repairer``: replacing a lost node's slots;
+* ``reserver``: reserve, cancel, release; ``applier``: apply and resize;
+* ``reconciler``: recovery on start, and the loop's ticks.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-import os
 import re
-import secrets
 from typing import Any
 
 import msgspec
 
-from controller.errors import (
-    PlacementError,
-    ReservationError,
-    TableUnreadable,
-    UnknownReservation,
-)
-from controller.runtime.applying import ApplyingMixin
+from controller.errors import PlacementError, ReservationError, TableUnreadable
+from controller.runtime.applying import Applier
+from controller.runtime.checks import Checker
+from controller.runtime.incarnation import FAULT_STEPS, Incarnation, SimulatedCrash
 from controller.runtime.io import ClusterIO
-from controller.runtime.leasing import Leasing
-from controller.runtime.reconcile import Reconciling
-from controller.runtime.repair import Repairing
-from controller.runtime.reserving import Reserving
+from controller.runtime.leasing import Leaser
+from controller.runtime.locks import JobLocks
+from controller.runtime.nodes import ClusterNodes
+from controller.runtime.progress import Progress
+from controller.runtime.reconcile import Reconciler
+from controller.runtime.repair import Repairer
+from controller.runtime.reserving import Reserver
 from controller.runtime.settings import Settings
+from controller.runtime.state import ReservationState
 from controller.runtime.store import Store
-from controller.state.published import Published
-from controller.state.records import GROUP_PREFIX, STATES, ReservationRecord
-from controller.state.requests import check_job
-from controller.state.status import ReservationInfo, summarize
-from controller.state.table import KV_NAMESPACE, StoredPlan, kv_prefix, where
+from controller.state.records import AUTO, GROUP_PREFIX, ReservationRecord
+from controller.state.requests import (
+    check_flag,
+    check_job,
+    check_policy,
+    check_timeout,
+    coerce_spec,
+)
+from controller.state.status import summarize
+from controller.state.table import KV_NAMESPACE, kv_prefix, where
+
+__all__ = ["FAULT_STEPS", "PlacementController", "SimulatedCrash"]
 
 log = logging.getLogger("placectl.controller")
 
-FAULT_STEPS = frozenset(
-    {
-        "after_plan",
-        "after_create",
-        "after_ready",
-        "after_probe",
-        "after_write",
-        "release_after_mark",
-        "release_after_remove",
-        "replace_after_plan",
-        "replace_after_create",
-        "replace_after_probe",
-        "replace_after_write",
-        "apply_after_intent",
-        "apply_after_rebuild_removal",
-        "apply_after_create",
-        "apply_after_probe",
-        "apply_after_write",
-    }
-)
 RECOVERY_WAIT_S = 60.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
 
-class SimulatedCrash(BaseException):
-    """A test fault in a controller that must not exit its process (the fake cluster's):
-    it unwinds the call without running any rollback, as a real crash would."""
-
-
-class PlacementController(Reserving, ApplyingMixin, Reconciling, Repairing, Leasing):
+class PlacementController:
     """Owns every placectl reservation of a cluster.
 
     Fault-tolerance contract:
@@ -71,18 +64,23 @@ class PlacementController(Reserving, ApplyingMixin, Reconciling, Repairing, Leas
     * **Intent first.** Every change is written to the GCS key-value store before it is
       applied in memory and before the call returns; a write that fails changes nothing
       (the call fails, memory still equals the table). A reservation is recorded
-      ``pending`` before any group exists and ``releasing`` before any is removed.
+      ``pending`` before any group exists and ``releasing`` before any is removed. The
+      state owner (:class:`ReservationState`) is the only way to change anything, so the
+      rule holds in one place.
     * **Idempotent calls.** Reserving a job again with the same spec returns it,
       releasing an absent job does nothing, a lease is found again by its name or
       request id. A client may retry any call after a restart, and Ray does so for
       calls in flight (``max_task_retries=-1``).
     * **Detached groups, remembered by id.** They outlive drivers and the controller.
       Workers belong to the drivers that launched them: a restart never stops training.
-    * **The loop starts with the actor**, not with a call: recovery, then every
-      ``settings.reconcile_period`` a tick driven by Ray's node events (a lost node is marked
-      degraded and, under the ``auto`` repair policy, its slot replaced), with a full
-      check of every group every ``settings.full_check_period`` as a safety net. The loop never
-      dies: a failing tick is logged and the next one runs.
+    * **Readiness is true.** No call answers ``ready`` for a reservation holding a node
+      Ray reports dead: what a call reads is confirmed against Ray first.
+    * **The loop starts with the actor**, not with a call: recovery, then a tick
+      whenever Ray's node events arrive and at least every
+      ``settings.reconcile_period`` (a lost node is marked degraded and, under the
+      ``auto`` repair policy, its slot replaced), with a full check of every group every
+      ``settings.full_check_period`` as a safety net. The loop never dies: a failing
+      tick is logged and the next one runs.
     * **Recovery** reloads the table, rolls back ``pending`` reservations cut short,
       finishes ``releasing`` ones, clears the intent of an ``apply`` cut short, and
       removes orphans: groups with this controller's name prefix that no record
@@ -114,46 +112,57 @@ class PlacementController(Reserving, ApplyingMixin, Reconciling, Repairing, Leas
             raise ReservationError(
                 f"controller name {name!r}: use letters, digits, '_', '.', '-' (no colon)"
             )
+        real = io is None
         if io is None:
             from controller.runtime.ray_io import RayClusterIO
 
             io = RayClusterIO(KV_NAMESPACE, kv_prefix(name))
-            self._exit_on_crash = True
-        else:
-            self._exit_on_crash = False
         self._name = name
         self._io = io
-        self._store = Store(io)
-        self._prefix = f"{GROUP_PREFIX}{name}:"
-        self._incarnation = f"{os.getpid()}-{secrets.token_hex(4)}"
         self.settings = settings or Settings()
-        self._records: dict[str, ReservationRecord] = {}
-        self._states: dict[str, int] = dict.fromkeys(STATES, 0)
-        self._ledger: dict[str, collections.Counter] = {}  # node id -> leased ports
-        self._epochs: dict[str, int] = {}
-        self._plans: dict[str, StoredPlan] = {}
-        self._published: dict[str, Published] = {}
-        self._encoded: dict[str, dict[str, bytes]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._progress: dict[str, str] = {}
+        prefix = f"{GROUP_PREFIX}{name}:"
+        self._prefix = prefix
+        self._incarnation = Incarnation(exit_process=real)
+        self._state = ReservationState(Store(io), io.metrics)
+        self._nodes = ClusterNodes()
+        self._locks = JobLocks()
+        self._progress = Progress()
+        self._checker = Checker(io, self._state, self._nodes, self._locks)
+        self._leaser = Leaser(io, self._state, self._locks, self.settings)
+        st, nd, lk, ck = self._state, self._nodes, self._locks, self._checker
+        ls, pg, inc, cfg = self._leaser, self._progress, self._incarnation, self.settings
+        self._repairer = Repairer(io, st, nd, lk, ck, ls, pg, inc, cfg, prefix)
+        rp = self._repairer
+        self._reserver = Reserver(io, st, nd, lk, ck, ls, rp, pg, inc, cfg, prefix)
+        self._applier = Applier(io, st, nd, lk, ck, ls, pg, inc, cfg, prefix)
+        self._reconciler = Reconciler(io, st, nd, lk, ck, self._reserver, rp, cfg, prefix)
         self._refusal: str | None = None
+        self._recovery_problem = ""
         self._recovered = asyncio.Event()
-        self._fault: str | None = None
-        self._dead = False
-        self.last_timings: dict[str, float] = {}
-        self.bytes_written = 0
-        self._init_reserving()
-        self._init_reconciling()
-        self._init_repairing()
-        self._init_leasing()
         self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    # ------------------------------------------------------------ for tests, benchmarks
+    @property
+    def state(self) -> ReservationState:
+        """The state owner (read it; change nothing through it from outside)."""
+        return self._state
+
+    @property
+    def reconciler(self) -> Reconciler:
+        return self._reconciler
+
+    @property
+    def finished(self) -> bool:
+        """This incarnation crashed at a test fault or was stopped."""
+        return self._incarnation.dead
 
     # ------------------------------------------------------------ lifecycle
     async def _run(self) -> None:
         delay = 0.5
         while not self._recovered.is_set():
             try:
-                await self._recover()
+                await self._reconciler.recover()
+                self._refusal = None
                 self._recovered.set()
             except TableUnreadable as e:
                 self._refuse(str(e))
@@ -163,12 +172,26 @@ class PlacementController(Reserving, ApplyingMixin, Reconciling, Repairing, Leas
                 self._recovery_problem = str(e)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
-        while not self._dead:
-            await self._idle()
+        last_try = float("-inf")  # an unreadable table is read again at the first tick
+        while not self._incarnation.dead:
+            await self._checker.idle(self.settings.reconcile_period)
             try:
-                await self._tick()
+                if self._refusal is None:
+                    await self._reconciler.tick()
+                elif asyncio.get_running_loop().time() - last_try >= self.settings.refusal_retry:
+                    last_try = asyncio.get_running_loop().time()
+                    await self._retry_unreadable()
             except Exception:
                 log.exception("reconcile tick failed; the next one will run")
+
+    async def _retry_unreadable(self) -> None:
+        try:
+            await self._reconciler.recover()
+        except TableUnreadable as e:
+            self._refuse(str(e))
+            return
+        self._refusal = None
+        log.warning("the reservation table is readable again; acting on it")
 
     def _refuse(self, why: str) -> None:
         if why != self._refusal:
@@ -176,13 +199,15 @@ class PlacementController(Reserving, ApplyingMixin, Reconciling, Repairing, Leas
         self._refusal = why
 
     async def _ready(self) -> None:
+        """Every call but the liveness ones waits for recovery, and is refused while the
+        table cannot be read."""
         if not self._recovered.is_set():
             try:
                 await asyncio.wait_for(self._recovered.wait(), RECOVERY_WAIT_S)
             except asyncio.TimeoutError:
-                why = getattr(self, "_recovery_problem", "")
                 raise ReservationError(
-                    f"the controller has not recovered after {RECOVERY_WAIT_S:g}s: {why}"
+                    f"the controller has not recovered after {RECOVERY_WAIT_S:g}s: "
+                    f"{self._recovery_problem}"
                 ) from None
         if self._refusal is not None:
             raise TableUnreadable(
@@ -193,137 +218,125 @@ class PlacementController(Reserving, ApplyingMixin, Reconciling, Repairing, Leas
 
     async def stop(self) -> None:
         """Stop the loop (tests: a controller object that is discarded)."""
-        self._dead = True
+        self._incarnation.dead = True
         self._loop_task.cancel()
-        for task in [*self._reserving.values(), *self._repair_tasks.values()]:
-            task.cancel()
+        self._reserver.stop()
+        self._repairer.stop()
 
-    def _crash_point(self, step: str) -> None:
-        if self._fault != step:
-            return
-        log.warning("test fault injected at %s", step)
-        if self._exit_on_crash:
-            os._exit(1)
-        self._dead = True
-        raise SimulatedCrash(step)
-
-    # ------------------------------------------------------------ persistence
-    async def _commit(
+    # ------------------------------------------------------------ changes
+    async def reserve(
         self,
-        record: ReservationRecord,
-        *,
-        plan: StoredPlan | None = None,
-        published: Published | None = None,
-    ) -> None:
-        """Write ``record`` (and what changed with it), then make it current in memory."""
-        if plan is None and published is None and record.epoch == self._epochs.get(record.job):
-            self.bytes_written += await self._store.write_record(record)
-        else:
-            self.bytes_written += await self._store.write(record, plan, published)
-        job = record.job
-        old = self._records.get(job)
-        self._records[job] = record
-        self._epochs[job] = max(self._epochs.get(job, 0), record.epoch)
-        if plan is not None:
-            self._plans[job] = plan
-        if published is not None:
-            self._published[job] = published
-            self._encoded.pop(job, None)
-        self._index(job, old, record)
-        self._account(old, record)
+        job: str,
+        spec: Any,
+        timeout_s: float = 300.0,
+        replace: bool = False,
+        repair: str = AUTO,
+    ) -> bytes:
+        """Reserve the resources of ``spec`` for ``job``; returns the encoded status
+        (see :meth:`Reserver.reserve`)."""
+        await self._ready()
+        job = check_job(job)
+        spec = coerce_spec(spec)
+        timeout = check_timeout(timeout_s)
+        check_flag(replace, "replace")
+        policy = check_policy(repair)
+        res = await self._reserver.reserve(job, spec, timeout, replace, policy)
+        return self._status_bytes(res)
 
-    async def _forget(self, job: str) -> None:
-        if job in self._records:
-            await self._store.delete(self._records[job])
-        old = self._records.pop(job, None)
-        self._plans.pop(job, None)
-        self._published.pop(job, None)
-        self._encoded.pop(job, None)
-        self._progress.pop(job, None)
-        self._index(job, old, None)
-        self._account(old, None)
-        self._io.metrics.forget(job)
+    async def cancel(self, job: str) -> bool:
+        """Cancel a ``reserve`` of ``job`` in progress; True if there was one."""
+        await self._ready()
+        return await self._reserver.cancel(check_job(job))
 
-    def _observe(self) -> None:
-        """Recount everything (after recovery) and report it."""
-        self._states = dict.fromkeys(STATES, 0)
-        self._ledger = {}
-        for r in self._records.values():
-            self._account(None, r, report=False)
-        self._io.metrics.observe(
-            self._states, {j: r.accelerators() for j, r in self._records.items()}
+    async def release(self, job: str) -> bool:
+        """Remove ``job``'s reservation; True if there was one (see :meth:`Reserver.release`)."""
+        await self._ready()
+        return await self._reserver.release(check_job(job))
+
+    async def release_all(self) -> list[str]:
+        """Release every reservation; returns the jobs released."""
+        await self._ready()
+        return await self._reserver.release_all()
+
+    async def apply(
+        self, job: str, spec: Any, timeout_s: float = 300.0, dry_run: bool = False
+    ) -> bytes:
+        """Give the live reservation ``job`` the configuration ``spec``, touching only
+        what changes; returns the encoded :class:`ApplySummary` (see :meth:`Applier.apply`
+        for what it keeps and what it raises)."""
+        await self._ready()
+        job = check_job(job)
+        spec = coerce_spec(spec)
+        timeout = check_timeout(timeout_s)
+        check_flag(dry_run, "dry_run")
+        return msgspec.msgpack.encode(await self._applier.apply(job, spec, timeout, dry_run))
+
+    async def resize(
+        self,
+        job: str,
+        component: str,
+        placement: str | None = None,
+        node_group: str | list[str] | None = None,
+        timeout_s: float = 300.0,
+        dry_run: bool = False,
+    ) -> bytes:
+        """:meth:`apply` with one component placed anew (see :meth:`Applier.resize`)."""
+        await self._ready()
+        job = check_job(job)
+        timeout = check_timeout(timeout_s)
+        check_flag(dry_run, "dry_run")
+        summary = await self._applier.resize(
+            job, component, placement, node_group, timeout, dry_run
+        )
+        return msgspec.msgpack.encode(summary)
+
+    async def repair(self, job: str) -> bytes:
+        """Replace the broken slots of a degraded reservation now, whatever its repair
+        policy; returns its status (still degraded, with the reason, if it could not)."""
+        await self._ready()
+        await self._repairer.repair(check_job(job))
+        return self._status_bytes(self._state.require(job))
+
+    async def lease_ports(
+        self,
+        job: str,
+        component: str,
+        rank: int = 0,
+        count: int = 1,
+        consecutive: bool = True,
+        name: str | None = None,
+        request_id: str | None = None,
+    ) -> list[int]:
+        """Lease ``count`` ports on the node of ``component``'s ``rank`` (see
+        :meth:`Leaser.lease_ports`)."""
+        await self._ready()
+        check_job(job)
+        return await self._leaser.lease_ports(
+            job, component, rank, count, consecutive, name, request_id
         )
 
-    def _account(
-        self, old: ReservationRecord | None, new: ReservationRecord | None, report: bool = True
-    ) -> None:
-        """Keep state counts and the port ledger in step with one record's change, so a
-        commit costs what its job costs, not what the cluster holds."""
-        for record, sign in ((old, -1), (new, 1)):
-            if record is None:
-                continue
-            self._states[record.state] = self._states.get(record.state, 0) + sign
-            for lease in record.leases:
-                held = self._ledger.setdefault(lease.node_id, collections.Counter())
-                for port in lease.ports:
-                    held[port] += sign
-                    if held[port] <= 0:
-                        del held[port]
-        if report:
-            accelerators = {new.job: new.accelerators()} if new is not None else {}
-            self._io.metrics.observe(self._states, accelerators)
-
-    def _lock(self, job: str) -> asyncio.Lock:
-        return self._locks.setdefault(job, asyncio.Lock())
-
-    async def _plan_of(self, job: str) -> StoredPlan:
-        plan = self._plans.get(job)
-        if plan is None:
-            plan = await self._store.plan(job)
-            if plan is None:
-                raise ReservationError(f"the plan of {job!r} is missing from the table")
-            self._plans[job] = plan
-        return plan
-
-    async def _published_of(self, job: str) -> Published:
-        published = self._published.get(job)
-        record = self._records[job]
-        if published is None or published.epoch != record.epoch or published.uid != record.uid:
-            published = await self._store.published(record)
-            if published is None or published.uid != record.uid:
-                raise ReservationError(f"the assignments of {job!r} are missing from the table")
-            self._published[job] = published
-        return published
-
-    # ------------------------------------------------------------ lookups
-    def _get(self, job: str) -> ReservationRecord:
+    async def release_ports(self, job: str, ports: list[int]) -> int:
+        """End the leases holding any of ``ports``; returns how many."""
+        await self._ready()
         check_job(job)
-        res = self._records.get(job)
-        if res is None:
-            known = ", ".join(sorted(self._records)) or "none"
-            raise UnknownReservation(f"no reservation named {job!r} (reserved: {known})")
-        return res
+        return await self._leaser.release_ports(job, ports)
 
-    def _info(self, res: ReservationRecord) -> ReservationInfo:
-        return summarize(self._truthful(res))
-
+    # ------------------------------------------------------------ reads
     def _status_bytes(self, res: ReservationRecord) -> bytes:
-        return msgspec.msgpack.encode(self._info(res))
+        return msgspec.msgpack.encode(summarize(self._checker.truthful(res)))
+
+    async def _settled(self, job: str) -> ReservationRecord:
+        await self._checker.confirm([check_job(job)])
+        res = self._state.require(job)
+        if not res.settled:
+            raise ReservationError(f"reservation {job!r} is {res.state}; assignments need ready")
+        return res
 
     async def assignments(self, job: str, component: str) -> bytes:
         """The msgpack-encoded ``list[Assignment]`` of one component, in rank order."""
         await self._ready()
-        await self._confirm([check_job(job)])
-        res = self._get(job)
-        if not res.settled:
-            raise ReservationError(f"reservation {job!r} is {res.state}; assignments need ready")
-        encoded = self._encoded.get(job)
-        if encoded is None:
-            published = await self._published_of(job)
-            encoded = {
-                n: msgspec.msgpack.encode(b.assignments()) for n, b in published.components.items()
-            }
-            self._encoded[job] = encoded
+        await self._settled(job)
+        encoded = await self._state.encoded(job)
         if component not in encoded:
             raise PlacementError(
                 f"unknown component {component!r} in {job!r}; it has {', '.join(encoded)}"
@@ -333,11 +346,8 @@ class PlacementController(Reserving, ApplyingMixin, Reconciling, Repairing, Leas
     async def component(self, job: str, component: str) -> bytes:
         """The msgpack-encoded :class:`ComponentBlock` of ``job``'s current epoch."""
         await self._ready()
-        await self._confirm([check_job(job)])
-        res = self._get(job)
-        if not res.settled:
-            raise ReservationError(f"reservation {job!r} is {res.state}; assignments need ready")
-        published = await self._published_of(job)
+        await self._settled(job)
+        published = await self._state.published(job)
         if component not in published.components:
             raise PlacementError(f"unknown component {component!r} in {job!r}")
         return msgspec.msgpack.encode(published.components[component])
@@ -346,47 +356,44 @@ class PlacementController(Reserving, ApplyingMixin, Reconciling, Repairing, Leas
         """The encoded :class:`ReservationInfo` of ``job``: never ``ready`` while Ray
         reports one of its nodes dead."""
         await self._ready()
-        await self._confirm([check_job(job)])
-        return self._status_bytes(self._get(job))
+        await self._checker.confirm([check_job(job)])
+        return self._status_bytes(self._state.require(job))
 
     async def list(self) -> bytes:
         """Encoded ``list[ReservationInfo]`` of every reservation, by job name."""
         await self._ready()
-        await self._confirm(list(self._records))
-        return msgspec.msgpack.encode([self._info(self._records[j]) for j in sorted(self._records)])
+        records = self._state.records
+        await self._checker.confirm(list(records))
+        infos = [summarize(self._checker.truthful(records[j])) for j in sorted(records)]
+        return msgspec.msgpack.encode(infos)
 
     async def progress(self, job: str) -> str:
         """What a reservation in progress is waiting for ("" when nothing)."""
-        return self._progress.get(job, "")
+        return self._progress.of(job)
 
     async def check_alive(self) -> str:
         """Answers this incarnation's id, which changes on every restart; answers even
         while the controller refuses to act."""
-        return self._incarnation
+        return self._incarnation.id
 
     async def health(self) -> dict[str, Any]:
         """The controller's own state: incarnation, node, recovered, the refusal if any."""
         return {
-            "incarnation": self._incarnation,
+            "incarnation": self._incarnation.id,
             "node_id": self._io.own_node(),
             "recovered": self._recovered.is_set(),
             "refusal": self._refusal,
-            "reservations": len(self._records),
+            "reservations": len(self._state.records),
         }
 
     # ------------------------------------------------------------ testing
     async def arm_fault(self, step: str | None) -> None:
         """Test only: crash the next time ``step`` is reached."""
-        if step is not None and step not in FAULT_STEPS:
-            raise ReservationError(f"fault step {step!r}: one of {', '.join(sorted(FAULT_STEPS))}")
-        self._fault = step
+        self._incarnation.arm(step)
 
     async def timings(self) -> dict[str, float]:
         """How long the last new reservation took to plan, place and probe."""
-        return dict(self.last_timings)
+        return dict(self._reserver.last_timings)
 
     async def group_prefix(self) -> str:
         return self._prefix
-
-    def _timing(self, **values: float) -> None:
-        self.last_timings = {k: round(v, 6) for k, v in values.items()}

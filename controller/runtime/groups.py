@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 import msgspec
 
@@ -162,8 +162,11 @@ async def probe(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def problems(res: ReservationRecord, groups: dict[str, GroupInfo], alive: set[str]) -> list[str]:
-    """What is wrong with a settled reservation's slots (empty when all is well)."""
+def problems(
+    res: ReservationRecord, groups: dict[str, GroupInfo], alive: Container[str]
+) -> list[str]:
+    """What is wrong with a settled reservation's slots (empty when all is well);
+    ``alive`` holds the alive node ids."""
     found = []
     for i, slot in enumerate(res.slots):
         where = f"slot {i} (node rank {slot.node_rank}, {slot.node_ip})"

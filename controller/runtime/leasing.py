@@ -1,4 +1,4 @@
-"""Port leases (a mixin of PlacementController).
+"""Port leases: master ports for every component, and ports leased on request.
 
 A lease is decided in three steps: choose a window of candidate ports that no lease and
 no lease in progress holds (under one short lock, no I/O), ask the node which of them
@@ -16,6 +16,10 @@ import zlib
 import msgspec
 
 from controller.errors import PlacementError, ReservationError
+from controller.runtime.io import ClusterIO
+from controller.runtime.locks import JobLocks
+from controller.runtime.settings import Settings
+from controller.runtime.state import ReservationState
 from controller.state.plan import JobPlan
 from controller.state.ports import (
     MASTER,
@@ -27,24 +31,29 @@ from controller.state.ports import (
     pick_run,
 )
 from controller.state.records import ReservationRecord
-from controller.state.requests import check_job
 
 MAX_WINDOWS = 8
 Hold = tuple[str, set[int]]
 
 
-class Leasing:
-    """Master ports and further leases; see the module docstring."""
+class Leaser:
+    """Master ports and further leases (see the module docstring). It keeps to itself the
+    ports of leases in progress; the leases themselves are in the records."""
 
-    def _init_leasing(self) -> None:
+    def __init__(
+        self, io: ClusterIO, state: ReservationState, locks: JobLocks, settings: Settings
+    ) -> None:
+        self._io = io
+        self._state = state
+        self._locks = locks
+        self.settings = settings
         self._ports_lock = asyncio.Lock()
         self._tentative: dict[str, set[int]] = {}
 
     def _held(self, node_id: str) -> set[int]:
-        """Ports leased on a node (the ledger kept by commits) or held by a lease in
-        progress."""
-        held = set(self._tentative.get(node_id, ()))
-        held.update(self._ledger.get(node_id, ()))
+        """Ports leased on a node (the records' ledger) or held by a lease in progress."""
+        held = self._state.ports_leased(node_id)
+        held.update(self._tentative.get(node_id, ()))
         return held
 
     def _unhold(self, node_id: str, ports: set[int]) -> None:
@@ -54,7 +63,8 @@ class Leasing:
             if not held:
                 del self._tentative[node_id]
 
-    def _drop_holds(self, holds: list[Hold]) -> None:
+    def drop_holds(self, holds: list[Hold]) -> None:
+        """Let go of the ports of leases now recorded (or abandoned)."""
         for node_id, ports in holds:
             self._unhold(node_id, ports)
         holds.clear()
@@ -125,7 +135,7 @@ class Leasing:
             "bound or inside the node's ephemeral port range"
         )
 
-    async def _lease_masters(
+    async def lease_masters(
         self,
         res: ReservationRecord,
         plan: JobPlan,
@@ -159,17 +169,16 @@ class Leasing:
         find the lease they made), returns the same lease. Leases end with the
         reservation or :meth:`release_ports`.
         """
-        await self._ready()
-        check_job(job)
+        self._state.require(job)
         count = check_request(count, consecutive)
         if isinstance(rank, bool) or not isinstance(rank, int):
             raise PlacementError(f"rank {rank!r}: expected an int")
         purpose = lease_purpose(name, request_id)
-        async with self._lock(job):
-            res = self._get(job)
+        async with self._locks.job(job):
+            res = self._state.require(job)
             if not res.settled:
                 raise ReservationError(f"reservation {job!r} is {res.state}; ports need ready")
-            plan = (await self._plan_of(job)).plan
+            plan = (await self._state.plan(job)).plan
             if component not in plan.names:
                 raise PlacementError(
                     f"unknown component {component!r} in {job!r}; it has {', '.join(plan.names)}"
@@ -186,24 +195,23 @@ class Leasing:
                 lease = await self._find_ports(
                     res, plan, component, rank, count, consecutive, purpose, holds
                 )
-                await self._commit(msgspec.structs.replace(res, leases=[*res.leases, lease]))
+                await self._state.commit(msgspec.structs.replace(res, leases=[*res.leases, lease]))
             finally:
-                self._drop_holds(holds)
+                self.drop_holds(holds)
             return list(lease.ports)
 
     async def release_ports(self, job: str, ports: list[int]) -> int:
         """End the leases holding any of ``ports`` (master ports stay); returns how many."""
-        await self._ready()
-        check_job(job)
+        self._state.require(job)
         if not isinstance(ports, (list, tuple, set)) or not all(
             isinstance(p, int) and not isinstance(p, bool) for p in ports
         ):
             raise PlacementError(f"ports {ports!r}: expected a list of ints")
-        async with self._lock(job):
-            res = self._get(job)
+        async with self._locks.job(job):
+            res = self._state.require(job)
             drop = set(ports)
             keep = [x for x in res.leases if x.purpose == MASTER or not drop & set(x.ports)]
             ended = len(res.leases) - len(keep)
             if ended:
-                await self._commit(msgspec.structs.replace(res, leases=keep))
+                await self._state.commit(msgspec.structs.replace(res, leases=keep))
             return ended

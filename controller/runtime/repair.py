@@ -1,6 +1,12 @@
-"""Slot replacement (a mixin of PlacementController): a reservation whose node died, or
-whose group vanished, gets that slot back on a node of the same kind, while its other
-slots, their groups and their workers are left alone."""
+"""Slot replacement: a reservation whose node died, or whose group vanished, gets that
+slot back on a node of the same kind, while its other slots, their groups and their
+workers are left alone. This is the file to open to change how a lost node is replaced.
+
+It changes records only through the state owner, holds the repair lock and the job's
+lock while it does (see :mod:`controller.runtime.locks`), and keeps to itself what is in
+flight: the repair tasks, when each job may be tried again, and the names of the groups
+it is making (which the orphan sweep must leave alone).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,15 @@ import msgspec
 
 from controller.errors import ReservationTimeout
 from controller.runtime import groups
-from controller.runtime.io import CREATED
+from controller.runtime.checks import Checker
+from controller.runtime.incarnation import Incarnation
+from controller.runtime.io import CREATED, ClusterIO
+from controller.runtime.leasing import Leaser
+from controller.runtime.locks import JobLocks
+from controller.runtime.nodes import ClusterNodes
+from controller.runtime.progress import Progress
+from controller.runtime.settings import Settings
+from controller.runtime.state import ReservationState
 from controller.state.published import publish
 from controller.state.records import DEGRADED, MANUAL, READY, ReservationRecord
 from controller.state.spares import choose_spare
@@ -22,35 +36,48 @@ from controller.state.spares import choose_spare
 log = logging.getLogger("placectl.controller")
 
 
-class Repairing:
+class Repairer:
     """Automatic repair of degraded reservations, and ``repair(job)`` on request."""
 
-    def _init_repairing(self) -> None:
-        self._repair_lock = asyncio.Lock()
-        self._repair_tasks: dict[str, asyncio.Task] = {}
-        self._repair_after: dict[str, float] = {}
+    def __init__(
+        self,
+        io: ClusterIO,
+        state: ReservationState,
+        nodes: ClusterNodes,
+        locks: JobLocks,
+        checker: Checker,
+        leaser: Leaser,
+        progress: Progress,
+        incarnation: Incarnation,
+        settings: Settings,
+        prefix: str,
+    ) -> None:
+        self._io = io
+        self._state = state
+        self._nodes = nodes
+        self._locks = locks
+        self._checker = checker
+        self._leaser = leaser
+        self._progress = progress
+        self._incarnation = incarnation
+        self.settings = settings
+        self._prefix = prefix
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._after: dict[str, float] = {}  # job -> when it may be tried again
         # Names of replacement groups being made: not in the table until the new record
         # is written, and not orphans meanwhile (a restart removes them by prefix).
         self._making: dict[str, set[str]] = {}
 
-    def _schedule_repair(self, job: str) -> None:
-        if job in self._repair_tasks or time.monotonic() < self._repair_after.get(job, 0.0):
-            return
-        task = asyncio.get_running_loop().create_task(self._repair_job(job))
-        self._repair_tasks[job] = task
-        task.add_done_callback(lambda _: self._repair_tasks.pop(job, None))
-
-    async def repair(self, job: str) -> bytes:
+    # ------------------------------------------------------------ entry points
+    async def repair(self, job: str) -> None:
         """Replace the broken slots of a degraded reservation now, whatever its repair
-        policy; returns its status (still degraded, with the reason, if it could not).
-        A node Ray reports dead counts as broken even before the loop has seen it."""
-        await self._ready()
-        self._get(job)
-        await self._confirm([job])
-        await self._repair_job(job)
-        return self._status_bytes(self._get(job))
+        policy. A node Ray reports dead counts as broken even before the loop has
+        seen it."""
+        self._state.require(job)
+        await self._checker.confirm([job])
+        await self._run(job)
 
-    async def _repair_until(self, job: str, deadline: float) -> ReservationRecord:
+    async def repair_until(self, job: str, deadline: float) -> ReservationRecord:
         """Repair ``job`` until it is ready (as Ray reports its nodes) or ``deadline``.
 
         Raises:
@@ -59,9 +86,9 @@ class Repairing:
         """
         try:
             while True:
-                await self._repair_job(job)
-                await self._confirm([job])
-                res = self._truthful(self._get(job))
+                await self._run(job)
+                await self._checker.confirm([job])
+                res = self._checker.truthful(self._state.require(job))
                 if res.state == READY:
                     return res
                 left = deadline - time.monotonic()
@@ -71,45 +98,65 @@ class Repairing:
                         f"{res.reason}. It stays reserved; placectl replaces the slot when "
                         "a spare node joins"
                     )
-                self._say(job, f"repairing: {res.reason}")
+                self._progress.say(job, f"repairing: {res.reason}")
                 await asyncio.sleep(min(0.2, left))
         finally:
-            self._progress.pop(job, None)
+            self._progress.clear(job)
 
-    async def _repair_job(self, job: str) -> None:
+    def schedule(self, job: str) -> None:
+        """Repair ``job`` in the background, unless one runs or it waits to retry."""
+        if job in self._tasks or time.monotonic() < self._after.get(job, 0.0):
+            return
+        task = asyncio.get_running_loop().create_task(self._run(job))
+        self._tasks[job] = task
+        task.add_done_callback(lambda _: self._tasks.pop(job, None))
+
+    def retry_now(self) -> None:
+        """A node joined: a spare may have arrived, so nobody waits to retry."""
+        self._after.clear()
+
+    def making(self) -> set[str]:
+        """The names of the groups repairs are making right now."""
+        return {n for made in self._making.values() for n in made}
+
+    def stop(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+
+    # ------------------------------------------------------------ one repair
+    async def _run(self, job: str) -> None:
         try:
-            # One repair at a time: each one sees the resources the last one took.
-            async with self._repair_lock, self._lock(job):
-                res = self._records.get(job)
+            async with self._locks.repairing(job):  # each sees what the last one took
+                res = self._state.get(job)
                 if res is None or res.state != DEGRADED:
                     return
                 holds: list = []
                 try:
                     new, why, stale = await self._replace_slots(res, holds)
                     if new is not None:
-                        plan = (await self._plan_of(job)).plan
-                        previous = await self._published_of(job)
+                        plan = (await self._state.plan(job)).plan
+                        previous = await self._state.published(job)
                         published = publish(new, plan, previous=previous)
-                        await self._commit(new, published=published)
+                        await self._state.commit(new, published=published)
                 finally:
-                    self._drop_holds(holds)
+                    self._leaser.drop_holds(holds)
                     self._making.pop(job, None)
                 if new is None:
-                    self._repair_after[job] = time.monotonic() + self.settings.repair_retry
+                    self._after[job] = time.monotonic() + self.settings.repair_retry
                     if res.repair == MANUAL and why:
                         why += f"; repair policy is manual: run `placectl repair {job}`"
                     if why and why != res.reason:
                         log.warning("reservation %r stays degraded: %s", job, why)
-                        await self._commit(msgspec.structs.replace(res, reason=why))
+                        await self._state.commit(msgspec.structs.replace(res, reason=why))
                     return
-                self._repair_after.pop(job, None)
-                self._crash_point("replace_after_write")
+                self._after.pop(job, None)
+                self._incarnation.crash_point("replace_after_write")
             left = await groups.remove_verified(self._io, stale, self.settings.removal_timeout)
             if left:
                 log.warning("old groups of %r not removed yet: %s", job, sorted(left))
         except Exception:
             log.exception("repairing %r failed; will try again", job)
-            self._repair_after[job] = time.monotonic() + self.settings.repair_retry
+            self._after[job] = time.monotonic() + self.settings.repair_retry
 
     def _selectors(self, res: ReservationRecord, node_rank: int) -> list[dict[str, str]]:
         return [
@@ -126,20 +173,19 @@ class Repairing:
         to remove once the new record is written. ``res`` is never changed, and on
         failure every group made for the attempt is removed. New master ports stay held
         in ``holds`` until the caller has written the record."""
-        self._set_nodes(await self._io.nodes())
-        alive = set(self._alive)
+        self._nodes.set_all(await self._io.nodes())
         table = await self._io.groups(sorted(res.group_ids()))
         broken = [
             i
             for i, s in enumerate(res.slots)
-            if s.node_id not in alive
+            if s.node_id not in self._nodes
             or s.group_id not in table
             or table[s.group_id].state != CREATED
         ]
         if not broken:
-            await self._commit(msgspec.structs.replace(res, state=READY, reason=""))
+            await self._state.commit(msgspec.structs.replace(res, state=READY, reason=""))
             return None, "", set()
-        live = self._cluster_view(res.spec.accelerator)
+        live = self._nodes.view(res.spec.accelerator)
         live_by_id = {n.node_id: n for n in live.nodes}
         free = await self._io.free_resources()
         taken = {s.node_id for i, s in enumerate(res.slots) if i not in broken}
@@ -178,7 +224,7 @@ class Repairing:
                 )
             taken.add(spare.node_id)
             parts.append((spare, idxs))
-        self._crash_point("replace_after_plan")
+        self._incarnation.crash_point("replace_after_plan")
         token = secrets.token_hex(3)
         fresh = [
             msgspec.structs.replace(
@@ -208,9 +254,9 @@ class Repairing:
                 created,
                 self.settings.max_in_flight,
             )
-            self._crash_point("replace_after_create")
+            self._incarnation.crash_point("replace_after_create")
             fresh = await groups.probe(self._io, res.job, fresh, res.spec.accelerator, deadline)
-            self._crash_point("replace_after_probe")
+            self._incarnation.crash_point("replace_after_probe")
             nodes = dict(res.nodes)
             moved = set()
             for target, idxs in parts:
@@ -235,10 +281,10 @@ class Repairing:
                 state=READY,
                 reason="",
             )
-            plan = (await self._plan_of(res.job)).plan
-            new = await self._lease_masters(new, plan, holds, masters)
+            plan = (await self._state.plan(res.job)).plan
+            new = await self._leaser.lease_masters(new, plan, holds, masters)
         except BaseException as e:
-            if self._dead:
+            if self._incarnation.dead:
                 raise
             await groups.remove_verified(
                 self._io, set(created.values()), self.settings.removal_timeout

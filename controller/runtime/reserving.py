@@ -1,4 +1,16 @@
-"""Reserve, cancel and release (a mixin of PlacementController)."""
+"""Reserve, cancel and release.
+
+A new reservation is recorded ``pending`` before any group exists, its groups are
+created (paced) and placed on their pinned nodes, probed, and its master ports leased;
+the ``ready`` record and its published assignments are written in one commit. A failure
+or a cancel removes everything the attempt made and forgets the record. A release is
+recorded ``releasing`` before any group is removed and is done only when Ray reports
+every group gone.
+
+It changes records only through the state owner, holds the job's lock while it does,
+and keeps to itself the reserves in flight (so that a release or cancel can stop them)
+and the timings of the last one.
+"""
 
 from __future__ import annotations
 
@@ -16,99 +28,72 @@ from controller.errors import (
     ReservationError,
     ReservationTimeout,
 )
-from controller.planning.cluster import ClusterView, NodeView, order_nodes
+from controller.planning.cluster import ClusterView
 from controller.planning.components import ComponentPlacement
 from controller.planning.node_groups import choose_floating
 from controller.runtime import groups
-from controller.runtime.io import NodeInfo
+from controller.runtime.checks import Checker
+from controller.runtime.incarnation import Incarnation
+from controller.runtime.io import ClusterIO
+from controller.runtime.leasing import Leaser
+from controller.runtime.locks import JobLocks
+from controller.runtime.nodes import ClusterNodes
+from controller.runtime.progress import Progress
+from controller.runtime.repair import Repairer
+from controller.runtime.settings import Settings
+from controller.runtime.state import ReservationState
 from controller.state.diff import describe_difference
 from controller.state.plan import JobPlan, plan_slots
 from controller.state.published import publish
 from controller.state.records import AUTO, PENDING, READY, RELEASING, ReservationRecord
-from controller.state.requests import (
-    check_flag,
-    check_job,
-    check_policy,
-    check_timeout,
-    coerce_spec,
-)
 from controller.state.table import StoredPlan
 
 log = logging.getLogger("placectl.controller")
-_BOOKKEEPING = ("CPU", "memory", "object_store_memory")
 
 
-def node_view(n: NodeInfo, accelerator: str) -> NodeView:
-    """One node as the planner sees it."""
-    custom = {
-        k: v
-        for k, v in n.resources.items()
-        if k != accelerator and k not in _BOOKKEEPING and not k.startswith("node:")
-    }
-    return NodeView(
-        num_gpus=int(n.resources.get(accelerator, 0)),
-        resources=custom,
-        labels=dict(n.labels),
-        node_id=n.node_id,
-        ip=n.ip,
-        is_head=n.is_head,
-    )
+class Reserver:
+    """``reserve``, ``cancel``, ``release``; see the module docstring."""
 
-
-def live_view(
-    nodes: list[NodeInfo],
-    accelerator: str,
-    cache: dict[str, tuple[NodeInfo, NodeView]] | None = None,
-) -> ClusterView:
-    """The alive nodes, in node-rank order, as the planner sees them. With ``cache``,
-    a node's view is built again only when what Ray reports of it changed."""
-    views = []
-    for n in nodes:
-        if not n.alive:
-            continue
-        hit = cache.get(n.node_id) if cache is not None else None
-        if hit is not None and hit[0] == n:
-            views.append(hit[1])
-            continue
-        view = node_view(n, accelerator)
-        if cache is not None:
-            cache[n.node_id] = (n, view)
-        views.append(view)
-    return ClusterView(nodes=order_nodes(views))
-
-
-class Reserving:
-    """``reserve``, ``cancel``, ``release``; see PlacementController for the contract."""
-
-    def _init_reserving(self) -> None:
-        self._reserving: dict[str, asyncio.Task] = {}
-        self._views: dict[str, dict[str, tuple[NodeInfo, NodeView]]] = {}
-        self._cluster_views: dict[str, tuple[int, ClusterView]] = {}
-
-    def _cluster_view(self, accelerator: str) -> ClusterView:
-        """The alive nodes in node-rank order, kept from the nodes the loop follows
-        (events, joins, full reads): a reserve costs what its job costs, not a read and
-        a sort of the whole cluster."""
-        cached = self._cluster_views.get(accelerator)
-        if cached is not None and cached[0] == self._nodes_version:
-            return cached[1]
-        cache = self._views.setdefault(accelerator, {})
-        view = live_view(list(self._node_info.values()), accelerator, cache)
-        self._cluster_views[accelerator] = (self._nodes_version, view)
-        return view
-
-    def _say(self, job: str, message: str) -> None:
-        self._progress[job] = message
-
-    async def reserve(
+    def __init__(
         self,
-        job: str,
-        spec: Any,
-        timeout_s: float = 300.0,
-        replace: bool = False,
-        repair: str = AUTO,
-    ) -> bytes:
-        """Reserve the resources of ``spec`` for ``job``; returns the encoded status.
+        io: ClusterIO,
+        state: ReservationState,
+        nodes: ClusterNodes,
+        locks: JobLocks,
+        checker: Checker,
+        leaser: Leaser,
+        repairer: Repairer,
+        progress: Progress,
+        incarnation: Incarnation,
+        settings: Settings,
+        prefix: str,
+    ) -> None:
+        self._io = io
+        self._state = state
+        self._nodes = nodes
+        self._locks = locks
+        self._checker = checker
+        self._leaser = leaser
+        self._repairer = repairer
+        self._progress = progress
+        self._incarnation = incarnation
+        self.settings = settings
+        self._prefix = prefix
+        self._reserving: dict[str, asyncio.Task] = {}
+        self.last_timings: dict[str, float] = {}
+
+    def in_progress(self, job: str) -> bool:
+        return job in self._reserving
+
+    def stop(self) -> None:
+        for task in list(self._reserving.values()):
+            task.cancel()
+
+    # ------------------------------------------------------------ reserve
+    async def reserve(
+        self, job: str, spec: Any, timeout: float, replace: bool, policy: str
+    ) -> ReservationRecord:
+        """Reserve ``spec`` for ``job`` (arguments checked by the caller); its record.
 
         The same job and spec returns the existing reservation without creating anything
         (its repair policy updated), checked against Ray's node table first: one that
@@ -118,23 +103,17 @@ class Reserving:
         cancellation every group made for the attempt is removed and nothing is
         recorded.
         """
-        await self._ready()
-        job = check_job(job)
-        spec = coerce_spec(spec)
-        timeout = check_timeout(timeout_s)
-        check_flag(replace, "replace")
-        policy = check_policy(repair)
         started = time.monotonic()
-        await self._confirm([job])
-        async with self._lock(job):
-            existing = self._records.get(job)
+        await self._checker.confirm([job])
+        async with self._locks.job(job):
+            existing = self._state.get(job)
             same = existing is not None and existing.settled and existing.spec == spec
             if same:
                 if existing.repair != policy:
                     existing = msgspec.structs.replace(existing, repair=policy)
-                    await self._commit(existing)
-                if self._truthful(existing).state == READY or policy != AUTO:
-                    return self._status_bytes(existing)
+                    await self._state.commit(existing)
+                if self._checker.truthful(existing).state == READY or policy != AUTO:
+                    return existing
             else:
                 if existing is not None and existing.settled and not replace:
                     raise ReservationConflict(
@@ -143,54 +122,51 @@ class Reserving:
                         "pass replace=True"
                     )
                 if existing is not None:
-                    await self._release_locked(job)
-                res = await self._reserve_locked(job, spec, started, timeout, policy)
-                return self._status_bytes(res)
+                    await self.release_locked(job)
+                return await self._reserve_locked(job, spec, started, timeout, policy)
         # The same spec, degraded under the auto policy: repaired before it is returned.
-        return self._status_bytes(await self._repair_until(job, started + timeout))
+        return await self._repairer.repair_until(job, started + timeout)
 
     async def _reserve_locked(
         self, job: str, spec, started: float, timeout: float, policy: str
     ) -> ReservationRecord:
-        """Create ``job``'s reservation (the caller holds its lock)."""
         self._reserving[job] = asyncio.current_task()
         try:
             res = await self._create(job, spec, started + timeout, policy)
         except asyncio.CancelledError:
-            if self._dead:
+            if self._incarnation.dead:
                 raise
             raise ReservationCancelled(
                 f"reserve of {job!r} was cancelled; everything it had placed was removed"
             ) from None
         finally:
             self._reserving.pop(job, None)
-            self._progress.pop(job, None)
+            self._progress.clear(job)
         self._io.metrics.reserve_latency(time.monotonic() - started)
         return res
 
     async def cancel(self, job: str) -> bool:
         """Cancel a ``reserve`` of ``job`` in progress (it rolls back); True if there was
         one. An existing reservation is not touched."""
-        await self._ready()
-        task = self._reserving.get(check_job(job))
+        task = self._reserving.get(job)
         if task is None:
             return False
         task.cancel()
-        async with self._lock(job):  # the rollback is done once the lock is free
+        async with self._locks.job(job):  # the rollback is done once the lock is free
             return True
 
     async def _wait_for_nodes(self, job: str, spec, deadline: float) -> ClusterView:
         last_log = 0.0
-        view = self._cluster_view(spec.accelerator)
+        view = self._nodes.view(spec.accelerator)
         while True:
             if view.num_nodes >= spec.num_nodes:
                 return view
-            self._set_nodes(await self._io.nodes())  # a join the loop has not seen yet
-            view = self._cluster_view(spec.accelerator)
+            self._nodes.set_all(await self._io.nodes())  # a join the loop has not seen
+            view = self._nodes.view(spec.accelerator)
             if view.num_nodes >= spec.num_nodes:
                 return view
             message = f"waiting for nodes: {view.num_nodes} of {spec.num_nodes} alive"
-            self._say(job, message)
+            self._progress.say(job, message)
             if time.monotonic() - last_log > groups.PROGRESS_LOG_PERIOD_S:
                 log.info("%s: %s", job, message)
                 last_log = time.monotonic()
@@ -214,7 +190,7 @@ class Reserving:
         )
         plan = JobPlan.of(ComponentPlacement(spec, view, floating))
         uid = secrets.token_hex(6)
-        epoch = self._epochs.get(job, 0) + 1
+        epoch = self._state.epoch(job) + 1
         nodes = {nr: view.nodes[nr] for nr in plan.node_ranks()}
         record = ReservationRecord(
             job=job,
@@ -230,37 +206,42 @@ class Reserving:
             created_at=time.time(),
         )
         stored = StoredPlan(job=job, uid=uid, epoch=epoch, plan=plan)
-        self._crash_point("after_plan")
-        await self._commit(record, plan=stored)
+        crash_point = self._incarnation.crash_point
+        crash_point("after_plan")
+        await self._state.commit(record, plan=stored)
         created: dict[int, str] = {}
         holds: list = []
         try:
             t0 = time.monotonic()
-            say = lambda m: self._say(job, m)  # noqa: E731
+            say = lambda m: self._progress.say(job, m)  # noqa: E731
             slots = await groups.create_and_wait(
                 self._io, job, record.slots, deadline, say, created
             )
-            self._crash_point("after_create")
+            crash_point("after_create")
             record = msgspec.structs.replace(record, slots=slots)
-            self._crash_point("after_ready")
+            crash_point("after_ready")
             t1 = time.monotonic()
-            self._say(job, "probing accelerator ids")
+            say("probing accelerator ids")
             slots = await groups.probe(self._io, job, slots, spec.accelerator, deadline)
             record = msgspec.structs.replace(record, slots=slots)
-            self._crash_point("after_probe")
+            crash_point("after_probe")
             t2 = time.monotonic()
-            record = await self._lease_masters(record, plan, holds)
+            record = await self._leaser.lease_masters(record, plan, holds)
             published = publish(record, plan)  # node-group env clashes surface here
             ready = msgspec.structs.replace(record, state=READY)
-            await self._commit(ready, published=published)
-            self._timing(plan_s=t0 - entered, place_s=t1 - t0, probe_s=t2 - t1)
+            await self._state.commit(ready, published=published)
+            self.last_timings = {
+                "plan_s": round(t0 - entered, 6),
+                "place_s": round(t1 - t0, 6),
+                "probe_s": round(t2 - t1, 6),
+            }
         except BaseException as e:
-            if not self._dead:
+            if not self._incarnation.dead:
                 await self._rollback(record, created)
             raise e
         finally:
-            self._drop_holds(holds)
-        self._crash_point("after_write")
+            self._leaser.drop_holds(holds)
+        crash_point("after_write")
         log.info(
             "reserved %r: %d node slots, %d accelerators", job, len(slots), ready.accelerators()
         )
@@ -279,9 +260,9 @@ class Reserving:
                 marked = msgspec.structs.replace(
                     record, state=RELEASING, reason=f"rolling back: groups {sorted(left)} remain"
                 )
-                await self._commit(marked)
+                await self._state.commit(marked)
                 return
-            await self._forget(record.job)
+            await self._state.forget(record.job)
 
         try:
             await asyncio.shield(undo())
@@ -289,29 +270,30 @@ class Reserving:
             log.exception("rolling back %r failed; the reconcile loop finishes it", record.job)
 
     # ------------------------------------------------------------ release
-    async def _release_locked(self, job: str) -> bool:
-        res = self._records.get(job)
+    async def release_locked(self, job: str) -> bool:
+        """Release ``job`` (the caller holds its lock); True if there was a record."""
+        res = self._state.get(job)
         if res is None:
             return False
         if res.state != RELEASING:
             res = msgspec.structs.replace(res, state=RELEASING, reason="releasing")
-            await self._commit(res)
-        self._crash_point("release_after_mark")
+            await self._state.commit(res)
+        self._incarnation.crash_point("release_after_mark")
         ids = res.group_ids()
         if any(not s.group_id for s in res.slots):  # cut short before ids were recorded
             ids |= await groups.ids_by_name(self._io, {s.group_name for s in res.slots})
         timeout = self.settings.removal_timeout
         left = await groups.remove_verified(self._io, ids, timeout)
-        self._crash_point("release_after_remove")
+        self._incarnation.crash_point("release_after_remove")
         if left:
             why = f"Ray still reports placement group(s) {sorted(left)}; retrying"
-            await self._commit(msgspec.structs.replace(res, reason=why))
+            await self._state.commit(msgspec.structs.replace(res, reason=why))
             raise ReservationError(
                 f"release of {job!r} is not complete: Ray still reports placement group(s) "
                 f"{sorted(left)} after {timeout:g}s; placectl keeps removing "
                 "them and drops the reservation once they are gone"
             )
-        await self._forget(job)
+        await self._state.forget(job)
         log.info("released %r", job)
         return True
 
@@ -319,19 +301,16 @@ class Reserving:
         """Remove ``job``'s groups and record; True if there was one. Idempotent. A
         ``reserve`` of the same job still in progress is cancelled first. Returns only
         once Ray reports every group gone."""
-        await self._ready()
-        job = check_job(job)
         task = self._reserving.get(job)
         if task is not None:
             task.cancel()
-        async with self._lock(job):
-            return await self._release_locked(job) or task is not None
+        async with self._locks.job(job):
+            return await self.release_locked(job) or task is not None
 
     async def release_all(self) -> list[str]:
         """Release every reservation; returns the jobs released."""
-        await self._ready()
         done = []
-        for job in sorted(self._records):
+        for job in sorted(self._state.records):
             if await self.release(job):
                 done.append(job)
         return done

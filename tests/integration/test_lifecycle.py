@@ -14,8 +14,8 @@ from ray.util.placement_group import placement_group_table
 
 import clients
 from controller.errors import StaleReservation, TableUnreadable
+from controller.runtime.nodes import live_view
 from controller.runtime.ray_io import node_infos
-from controller.runtime.reserving import live_view
 from controller.state.table import KV_NAMESPACE, LEGACY_KEY, RECORD, key, kv_prefix
 from tests.integration.conftest import live_groups, local_cluster, wait_for
 from tests.unit.fakes import v1_table

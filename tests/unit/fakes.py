@@ -102,7 +102,11 @@ def assignments(data: bytes) -> list[Assignment]:
 
 async def controller(fake: FakeCluster, settings: Settings = FAST) -> PlacementController:
     ctl = PlacementController(io=fake, settings=settings)
-    await until(lambda: ctl._recovered.is_set())
+
+    async def recovered() -> bool:
+        return (await ctl.health())["recovered"]
+
+    await until(recovered)
     return ctl
 
 
@@ -172,7 +176,7 @@ def v1_table(records: dict[str, ReservationRecord], view) -> bytes:
 
 def write_v1(fake: FakeCluster, records: dict[str, ReservationRecord]) -> None:
     """Replace the fake GCS's table with the format-1 table of ``records``."""
-    from controller.runtime.reserving import live_view
+    from controller.runtime.nodes import live_view
     from controller.state.table import LEGACY_KEY
 
     view = live_view([n.info for n in fake.nodes_by_id.values()], fake.accelerator)

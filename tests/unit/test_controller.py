@@ -175,9 +175,9 @@ def test_a_failed_write_changes_nothing_and_the_loop_writes_it_later():
         fake.fail_kv_writes = 3
         fake.kill_node(stored(fake, "j").slots[0].node_id)
         await until(lambda: fake.fail_kv_writes == 0)
-        assert ctl._records["j"].state in ("ready", "degraded")
+        assert ctl.state.get("j").state in ("ready", "degraded")
         rec = await until(lambda: (r := stored(fake, "j")).state == "degraded" and r)
-        assert ctl._records["j"] == rec  # memory equals the table
+        assert ctl.state.get("j") == rec  # memory equals the table
         assert "repair policy is manual" in rec.reason
         await ctl.stop()
 
@@ -320,7 +320,7 @@ def test_a_crash_at_each_step_of_a_repair(step):
         lost = stored(fake, "j").slots[0].node_id
         await ctl.arm_fault(step)
         fake.kill_node(lost)
-        await until(lambda: ctl._dead)
+        await until(lambda: ctl.finished)
         await ctl.stop()
         ctl2 = await controller(fake)
         rec = await until(lambda: (r := stored(fake, "j")).state == "ready" and r.epoch == 2 and r)

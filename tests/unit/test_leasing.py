@@ -111,7 +111,7 @@ def test_a_lease_made_while_a_repair_runs_is_kept():
         await ctl.reserve("j", spec("0-7"), 5)  # two nodes; the spare is the third
         survivor = stored(fake, "j").slots[1]
         fake.kill_node(stored(fake, "j").slots[0].node_id)
-        await until(lambda: ctl._repair_tasks or ctl._records["j"].epoch == 2)
+        await until(lambda: (r := stored(fake, "j")).state == "degraded" or r.epoch == 2)
         lease = await ctl.lease_ports("j", "actor", 4, 1, True, "kept", None)
         rec = await until(lambda: (r := stored(fake, "j")).epoch == 2 and r.state == "ready" and r)
         named = [x for x in rec.leases if x.purpose == "name:kept"]

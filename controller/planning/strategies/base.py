@@ -63,6 +63,14 @@ class PlacementStrategy:
         self._num_nodes: int | None = None
         self._floating: dict[str, list[int]] | None = None
 
+    def bind(
+        self, num_nodes: int | None, floating: dict[str, list[int]] | None
+    ) -> PlacementStrategy:
+        """Tie the strategy to a configuration: how many nodes its reserved groups span,
+        and the nodes chosen for floating groups (``ComponentPlacement`` does this)."""
+        self._num_nodes, self._floating = num_nodes, floating
+        return self
+
     def pool(self, view: ClusterView) -> ResourcePool:
         """The ranked resources this strategy chooses from on ``view``."""
         return resolve_pool(self.node_groups, view, self._num_nodes, self._floating)

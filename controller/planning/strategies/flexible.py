@@ -46,7 +46,7 @@ class FlexiblePlacementStrategy(PlacementStrategy):
         self.resource_ranks_per_process = sorted(checked, key=lambda ranks: ranks[0])
 
     @classmethod
-    def _from_plan(cls, procs: list[list[int]], groups: list[NodeGroup]):
+    def from_plan(cls, procs: list[list[int]], groups: list[NodeGroup]):
         """Wrap ranks that the planner already validated, without checking them again."""
         self = cls.__new__(cls)
         PlacementStrategy.__init__(self, groups)

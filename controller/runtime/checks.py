@@ -1,0 +1,143 @@
+"""What Ray says about the reservations: node events, direct questions about a job's
+nodes, and the state (ready or degraded) each settled reservation is recorded in.
+
+The loop's ticks and the calls that answer about a reservation both come here, so
+"ready" means the same thing everywhere: no node of the reservation is dead as Ray
+reports it, and (at a check with Ray's group table) every group is CREATED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import msgspec
+
+from controller.runtime import groups
+from controller.runtime.io import ClusterIO, GroupInfo
+from controller.runtime.locks import JobLocks
+from controller.runtime.nodes import ClusterNodes
+from controller.runtime.state import ReservationState
+from controller.state.records import DEGRADED, MANUAL, READY, ReservationRecord, with_dead_nodes
+
+log = logging.getLogger("placectl.controller")
+
+
+class Checker:
+    """Keeps each settled reservation's recorded state in line with Ray.
+
+    It owns the jobs waiting to be checked again (found while another call held them, or
+    on a node an event named) and the loop's wake-up: a check that finds work wakes the
+    loop instead of leaving it to the next period.
+    """
+
+    def __init__(
+        self, io: ClusterIO, state: ReservationState, nodes: ClusterNodes, locks: JobLocks
+    ) -> None:
+        self._io = io
+        self._state = state
+        self._nodes = nodes
+        self._locks = locks
+        self._recheck: set[str] = set()
+        self._joined = False  # a node joined since the last take_joined()
+        self._wakeup = asyncio.Event()
+
+    # ------------------------------------------------------------ what to look at
+    def recheck(self, job: str) -> None:
+        """Check ``job`` again at the next tick."""
+        self._recheck.add(job)
+
+    def take_rechecks(self) -> set[str]:
+        jobs, self._recheck = self._recheck, set()
+        return jobs
+
+    def take_joined(self) -> bool:
+        joined, self._joined = self._joined, False
+        return joined
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    async def idle(self, period: float) -> None:
+        """Wait for the next tick: ``period``, or less when a node event arrives or a
+        call found work (a lost node is acted on at once)."""
+        waits = {
+            asyncio.ensure_future(self._io.wait_for_events(period)),
+            asyncio.ensure_future(self._wakeup.wait()),
+        }
+        try:
+            await asyncio.wait(waits, timeout=period, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            self._wakeup.clear()
+
+    async def drain_events(self) -> None:
+        """Take Ray's node events: the alive set follows them, and the jobs on a node
+        that changed are checked at the next tick."""
+        for event in await self._io.node_events():
+            if event.alive:
+                self._nodes.joined(event.node_id)
+                self._joined = True
+            else:
+                self._nodes.died(event.node_id)
+            self._recheck.update(self._state.jobs_on(event.node_id))
+
+    # ------------------------------------------------------------ answers
+    def truthful(self, res: ReservationRecord) -> ReservationRecord:
+        """``res`` as it stands with the nodes known dead."""
+        return with_dead_nodes(res, {n for n in res.node_ids() if not self._nodes.alive(n)})
+
+    async def confirm(self, jobs) -> None:
+        """Make what the controller answers about ``jobs`` agree with Ray right now.
+
+        Node events that arrived are taken, and the nodes these jobs hold are asked of
+        Ray directly (one round trip for all of them), so no call answers ``ready`` for
+        a reservation on a node Ray reports dead, even in the moment before the loop
+        has seen the event. A job found on a dead node is recorded degraded here unless
+        another call holds it (the answer says so anyway, see :meth:`truthful`), and
+        the loop is woken to repair it.
+        """
+        await self.drain_events()
+        held = [r for j in jobs if (r := self._state.get(j)) is not None and r.settled]
+        nodes = sorted({n for r in held for n in r.node_ids()})
+        if not nodes:
+            return
+        dead = await self._io.dead_nodes(nodes)
+        for node in nodes:
+            if node in dead:
+                self._nodes.died(node)
+            else:
+                self._nodes.joined(node)  # Ray's answer is newer than any event held
+        for res in held:
+            if not res.node_ids() & dead:
+                continue
+            self.recheck(res.job)
+            self.wake()
+            if res.state == READY and not self._locks.busy(res.job):
+                await self.check(res.job, await self._io.groups(sorted(res.group_ids())))
+
+    async def check(self, job: str, table: dict[str, GroupInfo]) -> None:
+        """Record a settled reservation ready or degraded by what Ray reports (``table``:
+        Ray's entries of its groups)."""
+        res = self._state.get(job)
+        if res is None or not res.settled:
+            return
+        if self._locks.busy(job):
+            self.recheck(job)  # a call is changing it; look again next tick
+            return
+        found = groups.problems(res, table, self._nodes)
+        state, reason = (DEGRADED, "; ".join(found)) if found else (READY, "")
+        if state == res.state == DEGRADED:
+            return  # while degraded, the repair owns the reason
+        if state == DEGRADED and res.repair == MANUAL:
+            reason += f"; repair policy is manual: run `placectl repair {job}`"
+        if (state, reason) == (res.state, res.reason):
+            return
+        try:
+            await self._state.commit(msgspec.structs.replace(res, state=state, reason=reason))
+        except Exception as e:
+            self.recheck(job)  # memory is unchanged: try again next tick
+            log.warning("could not record that %r is %s: %s", job, state, e)
+            return
+        log.warning("reservation %r is now %s %s", job, state, reason)

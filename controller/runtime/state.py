@@ -1,0 +1,229 @@
+"""The one owner of the controller's state: its in-memory mirror of the reservation table.
+
+Everything the controller knows of its reservations lives here: the records, the highest
+epoch of every job name, each job's plan and published assignments (and their encoded
+form, for the read path), and what follows from the records: the port ledger of every
+node, the jobs on every node, the group names and ids no orphan sweep may touch, the
+counts by state that metrics report.
+
+The only way to change any of it is :meth:`ReservationState.commit` (or
+:meth:`~ReservationState.forget`), which writes the change to the GCS through the
+:class:`~controller.runtime.store.Store` first and applies it in memory only once the
+write succeeded: intent first, enforced here instead of by every operation. Reads return
+frozen records and read-only mappings.
+"""
+
+from __future__ import annotations
+
+import collections
+import types
+from collections.abc import Mapping
+
+import msgspec
+
+from controller.errors import ReservationError, UnknownReservation
+from controller.runtime.io import Metrics
+from controller.runtime.store import Loaded, Store
+from controller.state.published import Published
+from controller.state.records import STATES, ReservationRecord
+from controller.state.requests import check_job
+from controller.state.table import StoredPlan
+
+
+class ReservationState:
+    """The controller's mirror of the table (see the module docstring).
+
+    Args:
+        store: the table in the GCS; every change goes through it first.
+        metrics: where the counts by state and the accelerators per job go.
+    """
+
+    def __init__(self, store: Store, metrics: Metrics) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._records: dict[str, ReservationRecord] = {}
+        self._view = types.MappingProxyType(self._records)
+        self._epochs: dict[str, int] = {}
+        self._plans: dict[str, StoredPlan] = {}
+        self._published: dict[str, Published] = {}
+        self._encoded: dict[str, dict[str, bytes]] = {}
+        self._states: dict[str, int] = dict.fromkeys(STATES, 0)
+        self._ledger: dict[str, collections.Counter] = {}  # node id -> leased ports
+        self._by_node: dict[str, set[str]] = {}  # node id -> jobs with a slot there
+        self._held_names: set[str] = set()  # group names and ids the records reference
+        self._held_ids: set[str] = set()
+        self.bytes_written = 0
+
+    # ------------------------------------------------------------ reads
+    @property
+    def records(self) -> Mapping[str, ReservationRecord]:
+        """Every record, by job name (read-only; records are frozen)."""
+        return self._view
+
+    def get(self, job: str) -> ReservationRecord | None:
+        return self._records.get(job)
+
+    def require(self, job: str) -> ReservationRecord:
+        """``job``'s record.
+
+        Raises:
+            UnknownReservation: there is none; the message lists what is reserved.
+        """
+        check_job(job)
+        res = self._records.get(job)
+        if res is None:
+            known = ", ".join(sorted(self._records)) or "none"
+            raise UnknownReservation(f"no reservation named {job!r} (reserved: {known})")
+        return res
+
+    def epoch(self, job: str) -> int:
+        """The highest epoch ``job`` ever had (kept after a release)."""
+        return self._epochs.get(job, 0)
+
+    def jobs_on(self, node_id: str) -> frozenset[str]:
+        return frozenset(self._by_node.get(node_id, ()))
+
+    def ports_leased(self, node_id: str) -> set[int]:
+        """The ports the records lease on a node."""
+        return set(self._ledger.get(node_id, ()))
+
+    def references(self, group_name: str, group_id: str) -> bool:
+        """Whether a record names this group (an orphan sweep must leave it)."""
+        return group_id in self._held_ids or group_name in self._held_names
+
+    async def plan(self, job: str) -> StoredPlan:
+        plan = self._plans.get(job)
+        if plan is None:
+            plan = await self._store.plan(job)
+            if plan is None:
+                raise ReservationError(f"the plan of {job!r} is missing from the table")
+            self._plans[job] = plan
+        return plan
+
+    async def published(self, job: str) -> Published:
+        """The assignments of ``job``'s current uid and epoch."""
+        published = self._published.get(job)
+        record = self._records[job]
+        if published is None or published.epoch != record.epoch or published.uid != record.uid:
+            published = await self._store.published(record)
+            if published is None or published.uid != record.uid:
+                raise ReservationError(f"the assignments of {job!r} are missing from the table")
+            self._published[job] = published
+        return published
+
+    async def encoded(self, job: str) -> dict[str, bytes]:
+        """Each component's assignments of ``job``, msgpack-encoded (cached)."""
+        encoded = self._encoded.get(job)
+        if encoded is None:
+            published = await self.published(job)
+            encoded = {
+                n: msgspec.msgpack.encode(b.assignments()) for n, b in published.components.items()
+            }
+            self._encoded[job] = encoded
+        return encoded
+
+    # ------------------------------------------------------------ changes
+    async def commit(
+        self,
+        record: ReservationRecord,
+        *,
+        plan: StoredPlan | None = None,
+        published: Published | None = None,
+    ) -> None:
+        """Write ``record`` (and what changed with it), then make it current in memory.
+
+        Raises:
+            PersistenceError: the write failed; nothing changed.
+        """
+        job = record.job
+        if plan is None and published is None and record.epoch == self._epochs.get(job):
+            self.bytes_written += await self._store.write_record(record)
+        else:
+            self.bytes_written += await self._store.write(record, plan, published)
+        old = self._records.get(job)
+        self._records[job] = record
+        self._epochs[job] = max(self._epochs.get(job, 0), record.epoch)
+        if plan is not None:
+            self._plans[job] = plan
+        if published is not None:
+            self._published[job] = published
+            self._encoded.pop(job, None)
+        self._index(job, old, record)
+        self._account(old, record)
+
+    async def forget(self, job: str) -> None:
+        """Delete ``job``'s record and what hangs off it (its epoch counter stays)."""
+        if job in self._records:
+            await self._store.delete(self._records[job])
+        old = self._records.pop(job, None)
+        self._plans.pop(job, None)
+        self._published.pop(job, None)
+        self._encoded.pop(job, None)
+        self._index(job, old, None)
+        self._account(old, None)
+        self._metrics.forget(job)
+
+    async def drop_components(self, job: str, components: list[str]) -> None:
+        """Delete the stored assignments of components ``job`` no longer has."""
+        await self._store.delete_components(job, components)
+
+    async def load(self) -> Loaded:
+        """Replace everything with the table as stored (recovery).
+
+        Raises:
+            TableUnreadable: nothing was changed, in the table or here.
+        """
+        loaded = await self._store.load()
+        self._records.clear()
+        self._records.update(loaded.records)
+        self._epochs = dict(loaded.epochs)
+        for cache in (self._plans, self._published, self._encoded, self._by_node):
+            cache.clear()
+        self._held_names.clear()
+        self._held_ids.clear()
+        self._states = dict.fromkeys(STATES, 0)
+        self._ledger = {}
+        for job, res in self._records.items():
+            self._index(job, None, res)
+            self._account(None, res, report=False)
+        self._metrics.observe(self._states, {j: r.accelerators() for j, r in self._records.items()})
+        return loaded
+
+    # ------------------------------------------------------------ derived
+    def _index(
+        self, job: str, old: ReservationRecord | None, new: ReservationRecord | None
+    ) -> None:
+        for node in old.node_ids() if old else ():
+            jobs = self._by_node.get(node)
+            if jobs is not None:
+                jobs.discard(job)
+                if not jobs:
+                    del self._by_node[node]
+        for node in new.node_ids() if new else ():
+            self._by_node.setdefault(node, set()).add(job)
+        for record, held in ((old, False), (new, True)):
+            for s in record.slots if record else ():
+                for mine, value in ((self._held_names, s.group_name), (self._held_ids, s.group_id)):
+                    if held:
+                        mine.add(value)
+                    else:
+                        mine.discard(value)
+
+    def _account(
+        self, old: ReservationRecord | None, new: ReservationRecord | None, report: bool = True
+    ) -> None:
+        """Keep state counts and the port ledger in step with one record's change, so a
+        commit costs what its job costs, not what the cluster holds."""
+        for record, sign in ((old, -1), (new, 1)):
+            if record is None:
+                continue
+            self._states[record.state] = self._states.get(record.state, 0) + sign
+            for lease in record.leases:
+                held = self._ledger.setdefault(lease.node_id, collections.Counter())
+                for port in lease.ports:
+                    held[port] += sign
+                    if held[port] <= 0:
+                        del held[port]
+        if report:
+            accelerators = {new.job: new.accelerators()} if new is not None else {}
+            self._metrics.observe(self._states, accelerators)

@@ -1,0 +1,150 @@
+"""The layers and rooms of the code, read from its source:
+
+* dependencies point one way: ``planning`` <- ``state`` <- ``runtime`` <- ``clients``,
+  and inside ``controller`` only the Ray edge imports Ray;
+* no object reads or writes another object's private attributes (an attribute whose
+  name starts with ``_`` is touched only through ``self``/``cls``), so each class of
+  ``controller/runtime`` keeps its own state and the others go through its methods;
+* the table is changed only by the state owner: only ``state.py`` holds the Store, and
+  only ``store.py`` writes the GCS key-value store.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import pathlib
+
+import pytest
+
+from controller.runtime.fake import FakeCluster
+from controller.runtime.state import ReservationState
+from controller.runtime.store import Store
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RUNTIME = ROOT / "controller" / "runtime"
+# Attributes of other libraries' objects that have no public spelling.
+FOREIGN = {"_actor_id"}  # ray.actor.ActorHandle's id
+
+
+def sources(*parts: str) -> list[pathlib.Path]:
+    return sorted(p for part in parts for p in (ROOT / part).rglob("*.py"))
+
+
+# The one bridge from a record to Ray: Assignment.actor_options() builds Ray's
+# scheduling strategy for drivers, importing Ray (and the group-handle cache) lazily.
+BRIDGES = {
+    ("controller/state/assignments.py", "ray.util.scheduling_strategies"),
+    ("controller/state/assignments.py", "controller.runtime.ray_io"),
+}
+
+
+def imports(path: pathlib.Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    where = str(path.relative_to(ROOT))
+    return {name for name in found if (where, name) not in BRIDGES}
+
+
+def imported_names(tree: ast.AST) -> set[str]:
+    """Names bound by import statements anywhere in the module (modules and the
+    objects of other libraries, whose private parts are theirs to name)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                names.add((a.asname or a.name).split(".")[0])
+    return names
+
+
+def private_reaches(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
+    tree = ast.parse(path.read_text())
+    allowed = imported_names(tree) | {"self", "cls"}
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        if node.attr.startswith("__") or node.attr in FOREIGN:
+            continue
+        base = node.value
+        while isinstance(base, ast.Attribute):
+            base = base.value  # ray._private.worker: judged by its root name
+        if isinstance(base, ast.Name) and base.id in allowed:
+            continue
+        if isinstance(base, ast.Call) and ast.unparse(base.func) == "super":
+            continue  # a subclass calling its framework base class's hook
+        out.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_dependencies_point_one_way():
+    rules = {
+        "controller/planning": ("controller.state", "controller.runtime", "clients", "ray"),
+        "controller/state": ("controller.runtime", "clients", "ray"),
+        "controller/runtime": ("clients",),
+    }
+    bad = []
+    for folder, banned in rules.items():
+        for path in sources(folder):
+            for name in imports(path):
+                if any(name == b or name.startswith(b + ".") for b in banned):
+                    bad.append(f"{path.relative_to(ROOT)} imports {name}")
+    ray_edge = {"ray_io.py", "probe.py", "metrics.py"}
+    for path in sources("controller/runtime"):
+        if path.name not in ray_edge and any(n.split(".")[0] == "ray" for n in imports(path)):
+            bad.append(f"{path.relative_to(ROOT)} imports Ray outside the Ray edge")
+    assert bad == []
+
+
+def test_no_object_reaches_into_another_objects_private_attributes():
+    bad = [line for path in sources("controller", "clients") for line in private_reaches(path)]
+    assert bad == []
+
+
+def test_the_check_catches_a_reach_into_another_object(tmp_path):
+    sneaky = tmp_path / "sneaky.py"
+    sneaky.write_text(
+        "import ray\n\ndef f(repairer):\n    ray._private\n    return repairer._tasks\n"
+    )
+    assert private_reaches(sneaky, tmp_path) == ["sneaky.py:5: repairer._tasks"]
+
+
+def test_only_the_state_owner_holds_the_store_and_only_the_store_writes_the_table():
+    bad = []
+    for path in sources("controller/runtime"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if path.name not in ("state.py", "store.py", "controller.py") and (
+                isinstance(node, ast.Name) and node.id == "Store"
+            ):
+                bad.append(f"{path.name}:{node.lineno} names the Store")
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in ("kv_put", "kv_delete")
+                and path.name not in ("store.py", "io.py", "ray_io.py", "fake.py")
+            ):
+                bad.append(f"{path.name}:{node.lineno} writes the key-value store")
+        if path.name == "controller.py":  # it only builds the state owner with it
+            calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+            made = [n for n in calls if ast.unparse(n.func) == "Store"]
+            owners = [n for n in calls if ast.unparse(n.func) == "ReservationState"]
+            assert len(made) == 1 and owners and owners[0].args[0] is made[0]
+    assert bad == []
+
+
+def test_the_state_hands_out_records_that_cannot_be_changed():
+    async def go():
+        state = ReservationState(Store(FakeCluster()), FakeCluster().metrics)
+        with pytest.raises(TypeError):
+            state.records["j"] = None  # type: ignore[index]
+
+    asyncio.run(go())
+
+
+def test_runtime_modules_stay_small():
+    sizes = {p.name: len(p.read_text().splitlines()) for p in sources("controller/runtime")}
+    assert {n: s for n, s in sizes.items() if s > 400} == {}
