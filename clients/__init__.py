@@ -19,6 +19,7 @@ _LAZY = {
     "ReservationConflict": "controller.errors",
     "ReservationCancelled": "controller.errors",
     "ReservationDegraded": "controller.errors",
+    "ClusterUnavailable": "controller.errors",
     "StaleReservation": "controller.errors",
     "TableUnreadable": "controller.errors",
 }

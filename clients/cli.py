@@ -107,6 +107,7 @@ def start(address) -> None:
     """Start the controller on the cluster's head node (get-or-create; safe to repeat)."""
     ctl = _connect(address, start=True)
     click.echo(f"placectl controller {ctl.name!r} is running ({len(ctl.list())} reservation(s))")
+    _warn_head(ctl.health())
 
 
 @cli.command()
@@ -121,6 +122,18 @@ def stop(address, release_all) -> None:
         click.echo(f"released {len(released)} reservation(s)")
     ctl.stop()
     click.echo("placectl controller stopped")
+
+
+def _warn_head(health: dict) -> None:
+    """Say, before it happens, what a head loss would cost on this cluster."""
+    if health.get("gcs_store") == "memory":
+        click.echo(
+            "warning: Ray's GCS keeps this cluster's tables in memory (no GCS fault "
+            "tolerance): if the head node is lost, every reservation, placement group and "
+            "worker is lost with it. Start the head with RAY_REDIS_ADDRESS=<redis host:port> "
+            "to keep them across a head restart.",
+            err=True,
+        )
 
 
 def _status_text(ctl, job, as_json) -> str:
@@ -157,6 +170,7 @@ def status(job, address, as_json, watch, interval) -> None:
             f"the controller refuses to act: the reservation table cannot be read: "
             f"{health['refusal']}"
         )
+    _warn_head(health)
     text = _status_text(ctl, job, as_json)
     click.echo(text)
     last = text

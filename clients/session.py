@@ -16,7 +16,9 @@ from controller.errors import (
     TableUnreadable,
     UnknownReservation,
 )
+from controller.runtime import gcs_wait
 from controller.runtime.io import HEAD_RESOURCE
+from controller.runtime.ray_io import gcs_unavailable
 from controller.state.change import ApplySummary
 from controller.state.published import ComponentBlock
 from controller.state.records import AUTO, ReservationRecord
@@ -41,7 +43,6 @@ DEFAULT_NAMESPACE = "placectl"
 # get_accelerator_ids): every placectl process that holds several accelerators.
 # scripts/check_ray.py shows it.
 MIN_RAY = (2, 60)
-GCS_TIMEOUT_S = 10.0
 _INFO = msgspec.msgpack.Decoder(ReservationInfo)
 _INFOS = msgspec.msgpack.Decoder(list[ReservationInfo])
 _SUMMARY = msgspec.msgpack.Decoder(ApplySummary)
@@ -133,20 +134,39 @@ def connect(
 class RayTable:
     """What a driver reads from the GCS: a controller's table in the key-value store,
     and which nodes Ray reports dead. Unit tests give a :class:`Controller` another
-    object with these three methods (``controller.runtime.fake.DriverTable``)."""
+    object with these three methods (``controller.runtime.fake.DriverTable``).
 
-    def __init__(self, controller_name: str) -> None:
+    While the GCS is away (the head restarting) every read waits for it, saying so on
+    ``say`` (default stderr), up to :func:`controller.runtime.gcs_wait.bound_s`; then it
+    raises :class:`~controller.errors.ClusterUnavailable`.
+    """
+
+    def __init__(self, controller_name: str, say: Callable[[str], None] | None = None) -> None:
         self._prefix = kv_prefix(controller_name)
+        self._ns = KV_NAMESPACE.encode() if isinstance(KV_NAMESPACE, str) else KV_NAMESPACE
+        self._say = say or (lambda m: print(f"placectl: {m}", file=sys.stderr, flush=True))
+
+    @staticmethod
+    def _gcs():
+        return ray._private.worker.global_worker.gcs_client
 
     def get(self, k: bytes) -> bytes | None:
-        from ray.experimental import internal_kv
-
-        return internal_kv._internal_kv_get(self._prefix + k, namespace=KV_NAMESPACE)
+        full = self._prefix + k
+        return gcs_wait.retry(
+            lambda t: self._gcs().internal_kv_get(full, self._ns, timeout=t),
+            "reading the reservation table",
+            self._say,
+            gcs_unavailable,
+        )
 
     def keys(self, prefix: bytes) -> list[bytes]:
-        from ray.experimental import internal_kv
-
-        found = internal_kv._internal_kv_list(self._prefix + prefix, namespace=KV_NAMESPACE)
+        full = self._prefix + prefix
+        found = gcs_wait.retry(
+            lambda t: self._gcs().internal_kv_keys(full, self._ns, timeout=t),
+            "reading the reservation table",
+            self._say,
+            gcs_unavailable,
+        )
         return [k[len(self._prefix) :] for k in found]
 
     def dead_nodes(self, node_ids: list[str]) -> set[str]:
@@ -156,8 +176,13 @@ class RayTable:
             return set()
         from ray._raylet import NodeID
 
-        gcs = ray._private.worker.global_worker.gcs_client
-        alive = gcs.check_alive([NodeID.from_hex(n) for n in node_ids], GCS_TIMEOUT_S)
+        wanted = [NodeID.from_hex(n) for n in node_ids]
+        alive = gcs_wait.retry(
+            lambda t: self._gcs().check_alive(wanted, t),
+            "asking which nodes are alive",
+            self._say,
+            gcs_unavailable,
+        )
         return {n for n, up in zip(node_ids, alive, strict=True) if not up}
 
 

@@ -21,6 +21,7 @@ _EXPORTS = {
     "AcceleratorUse": "controller.planning.colocation",
     "ClusterSpec": "controller.planning.spec",
     "ClusterView": "controller.planning.cluster",
+    "ClusterUnavailable": "controller.errors",
     "ColocationError": "controller.errors",
     "ReservationError": "controller.errors",
     "ReservationTimeout": "controller.errors",
@@ -47,6 +48,7 @@ _EXPORTS = {
 __all__ = [
     "AcceleratorUse",
     "ClusterSpec",
+    "ClusterUnavailable",
     "ClusterView",
     "ColocationError",
     "ComponentPlacement",
@@ -73,6 +75,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from controller.errors import (
+        ClusterUnavailable,
         ColocationError,
         PlacementError,
         PlacementStringError,

@@ -64,3 +64,8 @@ class TableUnreadable(ReservationError):
 
 class PersistenceError(ReservationError):
     """Writing the reservation table to the GCS failed; nothing was changed."""
+
+
+class ClusterUnavailable(ReservationError):
+    """Ray's GCS did not answer within the bound (the head node is down or restarting);
+    nothing was changed."""

@@ -37,14 +37,9 @@ from controller.runtime.reserving import Reserver
 from controller.runtime.settings import Settings
 from controller.runtime.state import ReservationState
 from controller.runtime.store import Store
+from controller.state import requests
 from controller.state.records import AUTO, GROUP_PREFIX, ReservationRecord
-from controller.state.requests import (
-    check_flag,
-    check_job,
-    check_policy,
-    check_timeout,
-    coerce_spec,
-)
+from controller.state.requests import check_flag, check_job, check_policy, check_timeout
 from controller.state.status import summarize
 from controller.state.table import KV_NAMESPACE, kv_prefix, where
 
@@ -93,6 +88,8 @@ class PlacementController:
       one that cannot be decoded, makes the controller refuse every call with the reason
       and touch nothing, not even orphans; the bytes stay. It tries again every few
       seconds. Older formats are migrated.
+    * **A head restart** (GCS fault tolerance) is a restart on the new head over the kept
+      table; while the GCS is away its calls wait for it (bounded, ``gcs_wait``).
     * **Identity.** Every reservation has a uid, new at each creation, and an epoch that
       only grows for a job name, so drivers and workers notice any change.
 
@@ -236,7 +233,7 @@ class PlacementController:
         (see :meth:`Reserver.reserve`)."""
         await self._ready()
         job = check_job(job)
-        spec = coerce_spec(spec)
+        spec = requests.coerce_spec(spec)
         timeout = check_timeout(timeout_s)
         check_flag(replace, "replace")
         policy = check_policy(repair)
@@ -266,7 +263,7 @@ class PlacementController:
         for what it keeps and what it raises)."""
         await self._ready()
         job = check_job(job)
-        spec = coerce_spec(spec)
+        spec = requests.coerce_spec(spec)
         timeout = check_timeout(timeout_s)
         check_flag(dry_run, "dry_run")
         return msgspec.msgpack.encode(await self._applier.apply(job, spec, timeout, dry_run))
@@ -377,13 +374,15 @@ class PlacementController:
         return self._incarnation.id
 
     async def health(self) -> dict[str, Any]:
-        """The controller's own state: incarnation, node, recovered, the refusal if any."""
+        """Incarnation, node, recovery, refusal, how node events arrive, GCS store."""
         return {
             "incarnation": self._incarnation.id,
             "node_id": self._io.own_node(),
             "recovered": self._recovered.is_set(),
             "refusal": self._refusal,
             "reservations": len(self._state.records),
+            "node_events": self._io.watching(),
+            "gcs_store": self._io.gcs_store(),
         }
 
     # ------------------------------------------------------------ testing

@@ -98,6 +98,7 @@ class FakeCluster:
         self.create_delay = 0.0  # seconds a creation takes; it completes even if the
         # caller stops waiting, as Ray's does
         self.probe_delay = 0.0  # seconds a probe task takes
+        self.store = "redis"  # where the GCS keeps its tables (gcs_store)
         self._ids = itertools.count(1)
         self._making: set[asyncio.Task] = set()
         self._pending: set[str] = set()  # groups waiting for room, the only ones to retry
@@ -348,6 +349,12 @@ class FakeCluster:
 
     def own_node(self) -> str:
         return next((i for i, n in self.nodes_by_id.items() if n.info.is_head), "")
+
+    def watching(self) -> str:
+        return "subscribed"
+
+    def gcs_store(self) -> str:
+        return self.store
 
 
 class DriverTable:

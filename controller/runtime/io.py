@@ -118,6 +118,16 @@ class ClusterIO(Protocol):
         """The node the controller itself runs on."""
         ...
 
+    def watching(self) -> str:
+        """How node events arrive: ``subscribed``, ``reconnecting`` (the GCS is away)
+        or ``polling``."""
+        ...
+
+    def gcs_store(self) -> str:
+        """Where the GCS keeps its tables: ``redis`` or ``rocksdb`` (they survive a head
+        restart), or ``memory`` (a lost head loses every reservation)."""
+        ...
+
 
 class NullMetrics:
     """Metrics that go nowhere (the fake cluster's)."""

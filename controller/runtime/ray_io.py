@@ -11,17 +11,18 @@ import collections
 import contextlib
 import functools
 import logging
+import os
 
 import ray
 from ray._raylet import NodeID, PlacementGroupID
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 
+from controller.runtime import gcs_wait
 from controller.runtime import probe as tasks
 from controller.runtime.io import HEAD_RESOURCE, DeviceInfo, GroupInfo, NodeEvent, NodeInfo
 from controller.runtime.metrics import RayMetrics
 
 log = logging.getLogger("placectl.controller")
-GCS_TIMEOUT_S = 10.0
 
 
 @functools.lru_cache(maxsize=4096)
@@ -75,40 +76,54 @@ class RayClusterIO:
         self._events: collections.deque[NodeEvent] = collections.deque()
         self._arrived: asyncio.Event | None = None  # set while events wait to be drained
         self._watch: asyncio.Task | None = None
-        self._alive: set[str] | None = None  # last alive set, when polling
+        self._alive: set[str] | None = None  # the alive set last seen
         self._polling = False
+        self._subscribed = False
+        self._resubscriptions = 0
 
     # ------------------------------------------------------------ key-value store
     @staticmethod
     def _gcs():
         return ray._private.worker.global_worker.gcs_client
 
+    async def _gcs_call(self, what: str, call):
+        """``call(timeout)`` against the GCS, waited out while the head restarts."""
+        return await gcs_wait.aretry(call, what, _log_wait, gcs_unavailable)
+
     async def kv_get(self, key: bytes) -> bytes | None:
-        return await self._gcs().async_internal_kv_get(
-            self._kp + key, self._ns, timeout=GCS_TIMEOUT_S
+        return await self._gcs_call(
+            "reading the table",
+            lambda t: self._gcs().async_internal_kv_get(self._kp + key, self._ns, timeout=t),
         )
 
     async def kv_multi_get(self, keys: list[bytes]) -> dict[bytes, bytes]:
         if not keys:
             return {}
-        got = await self._gcs().async_internal_kv_multi_get(
-            [self._kp + k for k in keys], self._ns, timeout=GCS_TIMEOUT_S
+        full = [self._kp + k for k in keys]
+        got = await self._gcs_call(
+            "reading the table",
+            lambda t: self._gcs().async_internal_kv_multi_get(full, self._ns, timeout=t),
         )
         return {k[len(self._kp) :]: v for k, v in got.items()}
 
     async def kv_put(self, key: bytes, value: bytes) -> None:
-        await self._gcs().async_internal_kv_put(
-            self._kp + key, value, True, self._ns, timeout=GCS_TIMEOUT_S
+        await self._gcs_call(
+            "writing the table",
+            lambda t: self._gcs().async_internal_kv_put(
+                self._kp + key, value, True, self._ns, timeout=t
+            ),
         )
 
     async def kv_delete(self, key: bytes) -> None:
-        await self._gcs().async_internal_kv_del(
-            self._kp + key, False, self._ns, timeout=GCS_TIMEOUT_S
+        await self._gcs_call(
+            "writing the table",
+            lambda t: self._gcs().async_internal_kv_del(self._kp + key, False, self._ns, timeout=t),
         )
 
     async def kv_keys(self, prefix: bytes) -> list[bytes]:
-        keys = await self._gcs().async_internal_kv_keys(
-            self._kp + prefix, self._ns, timeout=GCS_TIMEOUT_S
+        keys = await self._gcs_call(
+            "reading the table",
+            lambda t: self._gcs().async_internal_kv_keys(self._kp + prefix, self._ns, timeout=t),
         )
         return [k[len(self._kp) :] for k in keys]
 
@@ -144,31 +159,79 @@ class RayClusterIO:
         if not node_ids:
             return set()
         ids = sorted(set(node_ids))
-        alive = await self._gcs().async_check_alive(
-            [NodeID.from_hex(n) for n in ids], GCS_TIMEOUT_S
+        wanted = [NodeID.from_hex(n) for n in ids]
+        alive = await self._gcs_call(
+            "asking which nodes are alive",
+            lambda t: self._gcs().async_check_alive(wanted, t),
         )
         return {n for n, up in zip(ids, alive, strict=True) if not up}
 
+    def watching(self) -> str:
+        """How node events arrive: ``subscribed`` (pushed by the GCS), ``reconnecting``
+        (the GCS went away; missed events are made up from a node read on return), or
+        ``polling`` (no subscription in this Ray; alive sets compared on every tick)."""
+        if self._polling:
+            return "polling"
+        return "subscribed" if self._subscribed else "reconnecting"
+
     async def _subscribe(self) -> None:
-        """Follow Ray's node-info channel (pushed by the GCS); on any failure fall back
-        to comparing alive sets on every call."""
+        """Follow Ray's node-info channel, pushed by the GCS, across GCS restarts.
+
+        A restarted GCS does not know the old subscription: the long poll then answers
+        at once with nothing, forever (measured on Ray 2.60). An empty answer therefore
+        means the GCS went away: the subscriber is dropped and made anew (with backoff),
+        and the nodes whose state changed meanwhile become events, from one read of the
+        node table compared with the alive set last seen (read after subscribing, so no
+        change falls in between).
+        """
         try:
             from ray._private.gcs_pubsub import GcsAioNodeInfoSubscriber
-
-            address = ray.get_runtime_context().gcs_address
-            sub = GcsAioNodeInfoSubscriber(address=address)
-            await sub.subscribe()
-            while True:
-                for node_id, info in await sub.poll(batch_size=1000):
-                    alive = info.state == 0  # GcsNodeInfo.ALIVE
-                    self._events.append(NodeEvent(bytes(node_id).hex(), alive))
-                    if self._arrived is not None:
-                        self._arrived.set()
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
+        except ImportError as e:
             log.warning("node-info subscription unavailable (%s); polling node states", e)
             self._polling = True
+            return
+        address = ray.get_runtime_context().gcs_address
+        backoff = 0.1
+        while True:
+            sub = None
+            try:
+                sub = GcsAioNodeInfoSubscriber(address=address)
+                await sub.subscribe()
+                await self._poll_nodes()  # what changed while nobody listened
+                self._wake()
+                if self._resubscriptions:
+                    log.warning("node events: subscribed again after the GCS came back")
+                self._subscribed = True
+                self._resubscriptions += 1
+                backoff = 0.1
+                while True:
+                    got = await sub.poll(batch_size=1000)
+                    if not got:
+                        break
+                    for node_id, info in got:
+                        self._event(NodeEvent(bytes(node_id).hex(), info.state == 0))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.info("node-info subscription: %s", e)
+            if self._subscribed:
+                log.warning("node events: the GCS went away; subscribing again")
+            self._subscribed = False
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(sub.close(), 1.0)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    def _event(self, event: NodeEvent) -> None:
+        if self._alive is not None:
+            (self._alive.add if event.alive else self._alive.discard)(event.node_id)
+        self._events.append(event)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._events and self._arrived is not None:
+            self._arrived.set()
 
     async def _poll_nodes(self) -> None:
         alive = {n.node_id for n in await self.nodes() if n.alive}
@@ -242,6 +305,31 @@ class RayClusterIO:
 
     def own_node(self) -> str:
         return ray.get_runtime_context().get_node_id()
+
+    def gcs_store(self) -> str:
+        return gcs_store(os.environ)
+
+
+def gcs_store(env) -> str:
+    """Where the GCS keeps its tables, from the environment of a process the head
+    started (the controller runs on the head): Ray's GCS reads the same variables.
+    ``RAY_REDIS_ADDRESS`` (``ray start --head``, KubeRay's GCS fault tolerance) means
+    Redis; ``RAY_gcs_storage=rocksdb`` the embedded store (alpha in Ray 2.60)."""
+    if env.get("RAY_REDIS_ADDRESS") or env.get("RAY_gcs_storage", "").lower() == "redis":
+        return "redis"
+    if env.get("RAY_gcs_storage", "").lower() == "rocksdb":
+        return "rocksdb"
+    return "memory"
+
+
+def gcs_unavailable(e: BaseException) -> bool:
+    """Whether ``e`` is Ray saying that the GCS does not answer (not that it refused):
+    ``RpcError("Timed out while waiting for GCS to become available")`` on Ray 2.60."""
+    return isinstance(e, ray.exceptions.RpcError)
+
+
+def _log_wait(message: str) -> None:
+    log.warning("%s", message)
 
 
 PROBE_SHARE = 0.0001  # a sliver of the accelerator, so Ray shows the probe its device

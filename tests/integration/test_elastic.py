@@ -137,3 +137,13 @@ def test_the_command_line_plans_and_resizes(cluster, ctl, tmp_path):
     resized = placectl("resize", "cli-job", "rollout", "4-7")
     assert "cli-job: applied, epoch 2" in resized and "slots: 2 kept, 1 made" in resized
     assert ctl.record("cli-job").spec.component("rollout").placement == "4-7"
+    shown = subprocess.run(
+        [sys.executable, "-m", "clients.cli", "status", "--address", cluster.address],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "cli-job" in shown.stdout
+    # This test cluster keeps the GCS in memory: the user is told what a head loss costs.
+    assert "no GCS fault tolerance" in shown.stderr and "RAY_REDIS_ADDRESS" in shown.stderr

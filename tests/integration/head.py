@@ -1,0 +1,157 @@
+"""A local Ray cluster whose head can be restarted: Ray's GCS fault tolerance on a Redis
+server of its own.
+
+Used by the head-restart tests, ``scripts/bench_head.py`` and ``scripts/chaos.py``. The
+Redis server binds to 127.0.0.1 on a free port, keeps nothing on disk, and is stopped by
+its pid. The head's GCS listens on a fixed port so that the worker raylets, the workers
+and the drivers find the new GCS where the old one was.
+
+Two faults, as a real head has them:
+
+* :meth:`FaultTolerantCluster.restart_gcs`: the GCS process alone dies and comes back
+  (the head's raylet, and everything on it, lives);
+* :meth:`FaultTolerantCluster.restart_head`: every process of the head node dies (its GCS,
+  its raylet and the actors on it, the controller among them) and a new head node starts
+  against the same store, as after a reboot of the head machine. A driver connected to
+  the head's raylet dies with it: the caller disconnects first and connects again after.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import ray
+from ray.cluster_utils import Cluster
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A throwaway ``redis-server`` on 127.0.0.1 (no persistence: the cluster's store
+    lives as long as this process)."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError(
+                "redis-server is not installed; scripts/test installs it "
+                "(apt-get install -y redis-server)"
+            )
+        self.port = free_port()
+        self._dir = tempfile.mkdtemp(prefix="placectl-redis-")
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", self._dir]
+        self._proc = subprocess.Popen(
+            [binary, *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not self._answers():
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"redis-server did not start on 127.0.0.1:{self.port}")
+            time.sleep(0.05)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            os.kill(self._proc.pid, signal.SIGTERM)
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(self._proc.pid, signal.SIGKILL)
+                self._proc.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class FaultTolerantCluster(Cluster):
+    """``ray.cluster_utils.Cluster`` with GCS fault tolerance on ``redis``.
+
+    Args:
+        redis: the store of the GCS's tables.
+        head_args: arguments of the head node (a fixed ``gcs_server_port`` is added).
+    """
+
+    def __init__(self, redis: RedisServer, head_args: dict | None = None) -> None:
+        self.redis = redis
+        # Every process this one starts (GCS, raylets, workers) inherits the address.
+        os.environ["RAY_REDIS_ADDRESS"] = redis.address
+        self.head_args = {**(head_args or {}), "gcs_server_port": free_port()}
+        super().__init__(initialize_head=True, head_node_args=self.head_args)
+
+    def restart_gcs(self, down_s: float = 0.0) -> float:
+        """Kill the head's GCS server and start a new one on the same port and store.
+
+        Returns:
+            Seconds from the start of the new GCS until it answers.
+        """
+        self.head_node.kill_gcs_server()
+        time.sleep(down_s)
+        started = time.monotonic()
+        self.head_node.start_gcs_server()
+        self._wait_gcs()
+        return time.monotonic() - started
+
+    def stop_head(self) -> None:
+        """Kill every process of the head node (this process must not be connected)."""
+        if ray.is_initialized():
+            raise RuntimeError("disconnect (ray.shutdown()) before the head goes down")
+        self.remove_node(self.head_node, allow_graceful=False)
+
+    def start_head(self) -> float:
+        """Start a new head node on the same GCS port and store; wait until every worker
+        raylet that is still running has registered with it again.
+
+        Returns:
+            Seconds from the start of the new head until its GCS answers.
+        """
+        started = time.monotonic()
+        self.add_node(**self.head_args)
+        ready = time.monotonic() - started
+        self.wait_for_nodes(timeout=120)
+        return ready
+
+    def restart_head(self, down_s: float = 0.0) -> float:
+        """:meth:`stop_head`, then :meth:`start_head` after ``down_s`` seconds."""
+        self.stop_head()
+        time.sleep(down_s)
+        return self.start_head()
+
+    def _wait_gcs(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.global_state._live_node_ids()
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()
+        finally:
+            os.environ.pop("RAY_REDIS_ADDRESS", None)

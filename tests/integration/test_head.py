@@ -1,0 +1,288 @@
+"""The head restarts, with Ray's GCS fault tolerance on a Redis server of the test's own:
+its GCS alone, then the whole head node. Checked against Ray's group table, the workers'
+own actor ids, a driver that attaches afterwards, and a node lost after (and during)
+the restart, repaired as before."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+import ray
+from ray.util.placement_group import placement_group_table
+
+import clients
+from clients.session import RayTable
+from controller.errors import ClusterUnavailable
+from tests.integration.conftest import wait_for
+from tests.integration.head import FaultTolerantCluster, RedisServer
+
+GPUS = 4
+JOB = "headjob"
+SPEC = {"num_nodes": 3, "component_placement": {"actor,rollout": "0-7"}}
+
+if shutil.which("redis-server") is None:
+    if os.environ.get("PLACECTL_REQUIRE_REDIS"):
+        raise RuntimeError("redis-server is missing and PLACECTL_REQUIRE_REDIS is set")
+    pytest.skip("redis-server is not installed (scripts/test installs it)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head without GPUs (GCS fault tolerance on Redis) and three nodes of 4 fake GPUs:
+    two for the job, one spare."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    redis = RedisServer()
+    c = FaultTolerantCluster(redis, {"num_cpus": 2, "num_gpus": 0})
+    try:
+        for _ in range(3):
+            c.add_node(num_cpus=GPUS, num_gpus=GPUS)
+        c.wait_for_nodes()
+        connect(c)
+        yield c
+    finally:
+        if ray.is_initialized():
+            with_ctl = clients.connect(start=False)
+            with_ctl.release_all()
+        ray.shutdown()
+        c.shutdown()
+        redis.stop()
+
+
+def connect(c: FaultTolerantCluster) -> None:
+    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
+
+
+def add_spare(c: FaultTolerantCluster) -> None:
+    while sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")) < 3:
+        c.add_node(num_cpus=GPUS, num_gpus=GPUS)
+    c.wait_for_nodes()
+
+
+def remove(c: FaultTolerantCluster, node_id: str) -> None:
+    c.remove_node(next(n for n in c.worker_nodes if n.node_id == node_id))
+
+
+class Worker:
+    def where(self):
+        ctx = ray.get_runtime_context()
+        return ctx.get_actor_id(), ctx.get_node_id(), ctx.get_placement_group_id()
+
+
+def groups_in_ray(ctl) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Ray's group table for the job's groups: state and node of every bundle."""
+    table = placement_group_table()
+    out = {}
+    for slot in ctl.record(JOB).slots:
+        entry = table[slot.group_id]
+        nodes = entry["bundles_to_node_id"]
+        out[slot.group_id] = (entry["state"], tuple(nodes[i] for i in sorted(nodes)))
+    return out
+
+
+def placectl_groups() -> dict[str, str]:
+    return {
+        gid: e["state"]
+        for gid, e in placement_group_table().items()
+        if (e.get("name") or "").startswith("placectl:")
+    }
+
+
+def snapshot(ctl, res) -> dict:
+    record = ctl.record(JOB)
+    return {
+        "uid": record.uid,
+        "epoch": record.epoch,
+        "groups": groups_in_ray(ctl),
+        "actor": res.assignments("actor"),
+        "rollout": res.assignments("rollout"),
+    }
+
+
+def healthy(ctl, incarnation: str | None = None):
+    """The controller has recovered (a new incarnation, when one is given) and follows
+    node events again."""
+
+    def check():
+        try:
+            h = ctl.health()
+        except ray.exceptions.RayActorError:
+            return False
+        new = incarnation is None or h["incarnation"] != incarnation
+        return new and h["recovered"] and h["node_events"] == "subscribed" and h
+
+    return wait_for(check, timeout=120)
+
+
+def lose_a_node_and_repair(c, ctl, res, group) -> None:
+    """A node lost after the restart is repaired as before: exactly its ranks relaunched,
+    the others untouched, every worker where the reservation says."""
+    before = res.assignments("actor")
+    ids = [w[0] for w in group.execute("where")]
+    lost = before[0].placement.node_id
+    doomed = [r for r, a in enumerate(before) if a.placement.node_id == lost]
+    epoch = res.epoch
+    remove(c, lost)
+    assert group.repair(timeout=120) == doomed
+    assert res.epoch > epoch and res.state == "ready"
+    seen = group.execute("where")
+    fresh = res.assignments("actor")
+    assert [(n, g) for _, n, g in seen] == [
+        (a.placement.node_id, a.placement_group_id) for a in fresh
+    ]
+    kept = [r for r in range(len(before)) if r not in doomed]
+    assert [seen[r][0] for r in kept] == [ids[r] for r in kept]
+    add_spare(c)
+
+
+def test_a_gcs_restart_keeps_everything_and_calls_wait_for_it(cluster):
+    ctl = clients.connect()
+    res = ctl.reserve(JOB, SPEC, timeout_s=120)
+    group = clients.WorkerGroup.launch(res, "actor", Worker, detached=True)
+    ids = group.execute("where")
+    before = snapshot(ctl, res)
+    groups_before = placectl_groups()
+    incarnation = ctl.check_alive()
+    assert ctl.health()["gcs_store"] == "redis"
+
+    said: list[str] = []
+    answers: dict[str, object] = {}
+
+    def read_during_the_window():
+        answers["record"] = clients.Controller(table=RayTable("placectl", said.append)).record(JOB)
+
+    def status_during_the_window():
+        answers["status"] = ctl.status(JOB)  # the controller's own GCS calls wait too
+
+    readers = [
+        threading.Thread(target=read_during_the_window),
+        threading.Thread(target=status_during_the_window),
+    ]
+    cluster.head_node.kill_gcs_server()
+    for t in readers:
+        t.start()
+    wait_for(lambda: said, timeout=30)  # the reader says why it waits, then waits on
+    cluster.head_node.start_gcs_server()
+    for t in readers:
+        t.join(90)
+    assert answers["record"].uid == before["uid"] and answers["status"].state == "ready"
+    assert "the GCS does not answer (reading the reservation table)" in said[0]
+
+    healthy(ctl)
+    assert ctl.check_alive() == incarnation  # the controller lived through it
+    assert snapshot(ctl, res) == before
+    assert all(state == "CREATED" for state, _ in before["groups"].values())
+    assert placectl_groups() == groups_before  # nothing removed, nothing made
+    assert group.execute("where") == ids
+    fresh = clients.Controller()  # a driver that attaches now reads the same
+    assert fresh.reservation(JOB).assignments("rollout") == before["rollout"]
+    assert ctl.status(JOB).state == "ready"
+    shown = subprocess.run(
+        [sys.executable, "-m", "clients.cli", "status", "--address", cluster.address],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert JOB in shown.stdout and "fault tolerance" not in shown.stderr
+
+    lose_a_node_and_repair(cluster, ctl, res, group)
+
+
+def test_a_read_gives_up_after_its_bound_with_a_clear_error(cluster, monkeypatch):
+    monkeypatch.setenv("PLACECTL_GCS_WAIT_S", "5")
+    reader = clients.Controller(table=RayTable("placectl", lambda m: None))
+    cluster.head_node.kill_gcs_server()
+    try:
+        with pytest.raises(ClusterUnavailable, match="did not answer reading the reservation"):
+            reader.record(JOB)
+    finally:
+        cluster.head_node.start_gcs_server()
+    assert reader.record(JOB).state == "ready"
+
+
+ATTACH = """
+import json, ray, clients
+ray.init(address={address!r}, logging_level="ERROR")
+res = clients.connect(start=False).reservation({job!r})
+print(json.dumps([[a.placement.node_id, a.placement_group_id, a.env["RANK"]]
+                  for a in res.assignments("rollout")]))
+"""
+
+
+def attach_from_a_new_driver(c) -> list:
+    out = subprocess.run(
+        [sys.executable, "-c", ATTACH.format(address=c.address, job=JOB)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_whole_head_restart_keeps_everything(cluster):
+    ctl = clients.connect(start=False)
+    res = ctl.reservation(JOB)
+    group = clients.WorkerGroup.attach(res, "actor", Worker)
+    ids = group.execute("where")
+    before = snapshot(ctl, res)
+    groups_before = placectl_groups()
+    old = ctl.health()
+
+    ray.shutdown()  # this driver runs on the head, as drivers usually do
+    cluster.restart_head()
+    connect(cluster)
+
+    ctl = clients.connect(start=False)
+    now = healthy(ctl, old["incarnation"])
+    assert now["node_id"] == cluster.head_node.node_id != old["node_id"]  # on the new head
+    res = ctl.reservation(JOB)
+    assert snapshot(ctl, res) == before
+    assert placectl_groups() == groups_before
+    group = clients.WorkerGroup.attach(res, "actor", Worker)
+    assert group.execute("where") == ids  # the same processes, still running
+    assert attach_from_a_new_driver(cluster) == [
+        [a.placement.node_id, a.placement_group_id, a.env["RANK"]] for a in before["rollout"]
+    ]
+    group = clients.WorkerGroup.attach(res, "actor", Worker)
+    lose_a_node_and_repair(cluster, ctl, res, group)
+
+
+def test_a_node_lost_while_the_head_is_down_is_repaired_when_it_returns(cluster):
+    ctl = clients.connect(start=False)
+    res = ctl.reservation(JOB)
+    group = clients.WorkerGroup.attach(res, "actor", Worker)
+    ids = group.execute("where")
+    before = res.assignments("actor")
+    lost = before[-1].placement.node_id
+    doomed = [r for r, a in enumerate(before) if a.placement.node_id == lost]
+    kept_groups = {s.group_id for s in res.info.slots if s.node_id != lost}
+    epoch, uid = res.epoch, res.info.uid
+
+    ray.shutdown()
+    cluster.stop_head()
+    remove(cluster, lost)
+    cluster.start_head()
+    connect(cluster)
+
+    ctl = clients.connect(start=False)
+    healthy(ctl)
+    res = ctl.reservation(JOB)
+    info = res.wait_ready(timeout=120, newer_than=epoch)
+    assert info.uid == uid and lost not in {s.node_id for s in info.slots}
+    assert kept_groups <= {s.group_id for s in info.slots}  # the survivor's group stays
+    assert all(placectl_groups()[g] == "CREATED" for g in kept_groups)
+    group = clients.WorkerGroup.attach(res, "actor", Worker)
+    assert group.repair(timeout=120) == doomed
+    seen = group.execute("where")
+    assert [seen[r][0] for r in range(len(before)) if r not in doomed] == [
+        ids[r][0] for r in range(len(before)) if r not in doomed
+    ]
+    group.shutdown()
+    ctl.release(JOB)
