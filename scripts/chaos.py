@@ -7,6 +7,9 @@ calls the controller, so none can wake it up.
 Operations: reserve, release, apply another configuration to a live reservation, leases.
 Faults: killing the controller (and, half the time, removing a node before any call
 reaches the new one), killing it at a step of an apply, removing and adding nodes,
+restarting the head (the GCS process alone, or the whole head node with the controller
+on it; half the time a node is removed while the head is down): the cluster runs Ray's
+GCS fault tolerance on a Redis server this script starts,
 rewriting the table as placectl 0.1 left it (format 1) and killing the controller,
 concurrent leases under one name.
 
@@ -35,7 +38,6 @@ import time
 from collections import Counter
 
 import ray
-from ray.cluster_utils import Cluster
 from ray.experimental import internal_kv
 from ray.util.placement_group import placement_group_table
 
@@ -46,6 +48,7 @@ from controller import PlacementError, load_spec
 from controller.runtime.nodes import live_view
 from controller.runtime.ray_io import node_infos
 from controller.state.table import KV_NAMESPACE, LEGACY_KEY, kv_prefix
+from tests.integration.head import FaultTolerantCluster, RedisServer
 from tests.unit.fakes import v1_table
 
 GPUS = 4
@@ -67,7 +70,8 @@ class Chaos:
     def __init__(self, seed: int):
         self.rng = random.Random(seed)
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+        self.redis = RedisServer()
+        self.cluster = FaultTolerantCluster(self.redis, {"num_cpus": 2})
         for _ in range(3):
             self.cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
         self.cluster.wait_for_nodes()
@@ -108,7 +112,7 @@ class Chaos:
                 return f"release {job}: {type(e).__name__}"
         if r < 0.62:
             return self.named_leases(job)
-        if r < 0.72:
+        if r < 0.68:
             self.faults["controller kill"] += 1
             ray.kill(self.ctl.handle, no_restart=False)
             nodes = self.gpu_nodes()
@@ -118,6 +122,8 @@ class Chaos:
                 self.remove(victim)
                 return f"FAULT kill controller, then remove node {victim.node_id[:8]}"
             return "FAULT kill controller"
+        if r < 0.72:
+            return self.restart_head(whole=self.rng.random() < 0.5)
         if r < 0.76:
             self.faults["restart over a format-1 table"] += 1
             self.downgrade()
@@ -177,16 +183,45 @@ class Chaos:
             f"{got.slots_kept} kept {got.slots_created} made {got.slots_removed} removed"
         )
 
+    def restart_head(self, whole: bool) -> str:
+        """Restart the GCS alone, or the whole head node (this driver, which runs on the
+        head, disconnects first and attaches again after), half the time removing a node
+        while the head is down."""
+        kind = "whole head" if whole else "GCS"
+        self.faults[f"{kind} restart"] += 1
+        nodes = self.gpu_nodes()
+        victim = self.rng.choice(nodes) if self.rng.random() < 0.5 and len(nodes) > 2 else None
+        if whole:
+            ray.shutdown()
+            self.cluster.stop_head()
+        else:
+            self.cluster.head_node.kill_gcs_server()
+        if victim is not None:
+            self.faults[f"node removed while the {kind} is down"] += 1
+            self.cluster.remove_node(victim)
+        if whole:
+            self.cluster.start_head()
+            ray.init(address=self.cluster.address, logging_level="ERROR", log_to_driver=False)
+            self.ctl = clients.connect(start=False)
+        else:
+            self.cluster.head_node.start_gcs_server()
+        if victim is not None:
+            self.wait_dead(victim.node_id)
+            return f"FAULT {kind} restart, node {victim.node_id[:8]} removed while it was down"
+        return f"FAULT {kind} restart"
+
+    def wait_dead(self, node_id: str) -> None:
+        def gone() -> bool:
+            return not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == node_id)
+
+        if not self.wait(gone, 120):
+            self.violations.append(f"Ray never reported node {node_id[:8]} dead")
+
     def remove(self, node) -> None:
         """Remove a node and wait until Ray itself reports it dead, so the settle check
         that follows cannot pass on a view from before the loss."""
         self.cluster.remove_node(node)
-
-        def gone() -> bool:
-            return not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == node.node_id)
-
-        if not self.wait(gone, 120):
-            self.violations.append(f"Ray never reported node {node.node_id[:8]} dead")
+        self.wait_dead(node.node_id)
 
     def named_leases(self, job: str) -> str:
         """Four concurrent calls under one name must get one lease."""
@@ -321,9 +356,12 @@ class Chaos:
             print(f"      VIOLATION {b}", flush=True)
 
     def close(self) -> None:
-        self.ctl.release_all()
-        ray.shutdown()
-        self.cluster.shutdown()
+        try:
+            self.ctl.release_all()
+        finally:
+            ray.shutdown()
+            self.cluster.shutdown()
+            self.redis.stop()
 
 
 def main() -> int:

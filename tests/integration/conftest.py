@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -66,6 +68,17 @@ def live_groups(prefix: str = "placectl:") -> dict[str, dict]:
         for gid, info in placement_group_table().items()
         if info["state"] != "REMOVED" and (info.get("name") or "").startswith(prefix)
     }
+
+
+def placectl_cli(address: str, *args: str) -> subprocess.CompletedProcess:
+    """Run the ``placectl`` command line against the cluster at ``address``."""
+    return subprocess.run(
+        [sys.executable, "-m", "clients.cli", *args, "--address", address],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2):

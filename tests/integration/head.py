@@ -18,6 +18,7 @@ Two faults, as a real head has them:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -101,6 +102,10 @@ class FaultTolerantCluster(Cluster):
         self.head_args = {**(head_args or {}), "gcs_server_port": free_port()}
         super().__init__(initialize_head=True, head_node_args=self.head_args)
 
+    def connect(self) -> None:
+        """Connect this process as a driver (on the head's raylet)."""
+        ray.init(address=self.address, logging_level="WARNING", log_to_driver=False)
+
     def restart_gcs(self, down_s: float = 0.0) -> float:
         """Kill the head's GCS server and start a new one on the same port and store.
 
@@ -155,3 +160,24 @@ class FaultTolerantCluster(Cluster):
             super().shutdown()
         finally:
             os.environ.pop("RAY_REDIS_ADDRESS", None)
+
+
+@contextlib.contextmanager
+def restartable_cluster(gpu_nodes: int = 3, gpus: int = 4):
+    """A Redis server, a head without GPUs on it and ``gpu_nodes`` nodes of ``gpus`` fake
+    GPUs and as many CPUs, with this process connected; all stopped on exit."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    redis = RedisServer()
+    try:
+        c = FaultTolerantCluster(redis, {"num_cpus": 2, "num_gpus": 0})
+        try:
+            for _ in range(gpu_nodes):
+                c.add_node(num_cpus=gpus, num_gpus=gpus)
+            c.wait_for_nodes()
+            c.connect()
+            yield c
+        finally:
+            ray.shutdown()
+            c.shutdown()
+    finally:
+        redis.stop()

@@ -4,8 +4,6 @@ groups exist, which actors are still the same processes, which devices Ray gave 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import ray
@@ -14,7 +12,7 @@ from ray.util.placement_group import placement_group_table
 import clients
 from controller import PlacementError
 from controller.errors import ReservationTimeout
-from tests.integration.conftest import GPU_NODES, live_groups, wait_for
+from tests.integration.conftest import GPU_NODES, live_groups, placectl_cli, wait_for
 
 
 def conf(**components) -> dict:
@@ -120,13 +118,7 @@ def test_the_command_line_plans_and_resizes(cluster, ctl, tmp_path):
     )
 
     def placectl(*args: str) -> str:
-        out = subprocess.run(
-            [sys.executable, "-m", "clients.cli", *args, "--address", cluster.address],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        out = placectl_cli(cluster.address, *args)
         assert out.returncode == 0, out.stderr
         return out.stdout
 
@@ -137,13 +129,7 @@ def test_the_command_line_plans_and_resizes(cluster, ctl, tmp_path):
     resized = placectl("resize", "cli-job", "rollout", "4-7")
     assert "cli-job: applied, epoch 2" in resized and "slots: 2 kept, 1 made" in resized
     assert ctl.record("cli-job").spec.component("rollout").placement == "4-7"
-    shown = subprocess.run(
-        [sys.executable, "-m", "clients.cli", "status", "--address", cluster.address],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    shown = placectl_cli(cluster.address, "status")
     assert "cli-job" in shown.stdout
     # This test cluster keeps the GCS in memory: the user is told what a head loss costs.
     assert "no GCS fault tolerance" in shown.stderr and "RAY_REDIS_ADDRESS" in shown.stderr

@@ -19,8 +19,8 @@ from ray.util.placement_group import placement_group_table
 import clients
 from clients.session import RayTable
 from controller.errors import ClusterUnavailable
-from tests.integration.conftest import wait_for
-from tests.integration.head import FaultTolerantCluster, RedisServer
+from tests.integration.conftest import placectl_cli, wait_for
+from tests.integration.head import FaultTolerantCluster, restartable_cluster
 
 GPUS = 4
 JOB = "headjob"
@@ -36,26 +36,10 @@ if shutil.which("redis-server") is None:
 def cluster():
     """A head without GPUs (GCS fault tolerance on Redis) and three nodes of 4 fake GPUs:
     two for the job, one spare."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    redis = RedisServer()
-    c = FaultTolerantCluster(redis, {"num_cpus": 2, "num_gpus": 0})
-    try:
-        for _ in range(3):
-            c.add_node(num_cpus=GPUS, num_gpus=GPUS)
-        c.wait_for_nodes()
-        connect(c)
+    with restartable_cluster(gpu_nodes=3, gpus=GPUS) as c:
         yield c
-    finally:
         if ray.is_initialized():
-            with_ctl = clients.connect(start=False)
-            with_ctl.release_all()
-        ray.shutdown()
-        c.shutdown()
-        redis.stop()
-
-
-def connect(c: FaultTolerantCluster) -> None:
-    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
+            clients.connect(start=False).release_all()
 
 
 def add_spare(c: FaultTolerantCluster) -> None:
@@ -182,13 +166,7 @@ def test_a_gcs_restart_keeps_everything_and_calls_wait_for_it(cluster):
     fresh = clients.Controller()  # a driver that attaches now reads the same
     assert fresh.reservation(JOB).assignments("rollout") == before["rollout"]
     assert ctl.status(JOB).state == "ready"
-    shown = subprocess.run(
-        [sys.executable, "-m", "clients.cli", "status", "--address", cluster.address],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    shown = placectl_cli(cluster.address, "status")
     assert JOB in shown.stdout and "fault tolerance" not in shown.stderr
 
     lose_a_node_and_repair(cluster, ctl, res, group)
@@ -237,7 +215,7 @@ def test_a_whole_head_restart_keeps_everything(cluster):
 
     ray.shutdown()  # this driver runs on the head, as drivers usually do
     cluster.restart_head()
-    connect(cluster)
+    cluster.connect()
 
     ctl = clients.connect(start=False)
     now = healthy(ctl, old["incarnation"])
@@ -269,7 +247,7 @@ def test_a_node_lost_while_the_head_is_down_is_repaired_when_it_returns(cluster)
     cluster.stop_head()
     remove(cluster, lost)
     cluster.start_head()
-    connect(cluster)
+    cluster.connect()
 
     ctl = clients.connect(start=False)
     healthy(ctl)
