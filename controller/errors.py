@@ -69,3 +69,8 @@ class PersistenceError(ReservationError):
 class ClusterUnavailable(ReservationError):
     """Ray's GCS did not answer within the bound (the head node is down or restarting);
     nothing was changed."""
+
+
+class ReservationInfeasible(ReservationError):
+    """The reservation asks a node for more than the node has in total: it can never be
+    placed, so it is refused at once instead of waiting for its timeout."""

@@ -7,13 +7,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable
 
 import msgspec
 
 from controller.errors import ReservationError, ReservationTimeout
 from controller.planning.node_groups import ACCELERATOR
 from controller.runtime.io import CREATED, REMOVED, ClusterIO, GroupInfo
+from controller.state import fit
 from controller.state.records import ReservationRecord, SlotRecord
 
 log = logging.getLogger("placectl.controller")
@@ -22,8 +23,14 @@ PROGRESS_LOG_PERIOD_S = 5.0
 Say = Callable[[str], None]
 
 
-async def diagnose(io: ClusterIO, slots: list[SlotRecord], pending: list[int]) -> str:
-    """For each pending slot: its node, what it asks for, and what the node has free."""
+async def diagnose(
+    io: ClusterIO,
+    slots: list[SlotRecord],
+    pending: list[int],
+    held_by: Callable[[str], Iterable[str]] = lambda node_id: (),
+) -> str:
+    """For each pending slot: its node, what it asks for, what the node has free, and
+    which reservations hold the rest (``held_by(node_id)``)."""
     free = await io.free_resources()
     parts = []
     for i in pending:
@@ -35,7 +42,8 @@ async def diagnose(io: ClusterIO, slots: list[SlotRecord], pending: list[int]) -
             parts.append(f"node {slot.node_rank} ({slot.node_ip}) needs {wants}; the node is dead")
             continue
         frees = ", ".join(f"{k} {have.get(k, 0):g}" for k in sorted(need))
-        parts.append(f"node {slot.node_rank} ({slot.node_ip}) needs {wants}; free {frees}")
+        whose = fit.holders(held_by(slot.node_id))
+        parts.append(f"node {slot.node_rank} ({slot.node_ip}) needs {wants}; free {frees}{whose}")
     return "; ".join(parts)
 
 
@@ -47,6 +55,7 @@ async def create_and_wait(
     say: Say,
     created: dict[int, str],
     max_in_flight: int = 16,
+    held_by: Callable[[str], Iterable[str]] = lambda node_id: (),
 ) -> list[SlotRecord]:
     """Create every slot's group and wait until all are placed; the slots with group ids.
 
@@ -86,7 +95,7 @@ async def create_and_wait(
                 pending = sorted(stuck + list(waits.values())) + list(range(nxt, len(out)))
                 raise ReservationTimeout(
                     f"reservation {job!r} timed out with {len(pending)} of {len(out)} node "
-                    f"slots unplaced: {await diagnose(io, out, pending[:8])}"
+                    f"slots unplaced: {await diagnose(io, out, pending[:8], held_by)}"
                 )
             done, _ = await asyncio.wait(
                 waits, timeout=min(1.0, remaining), return_when=asyncio.FIRST_COMPLETED
@@ -101,7 +110,7 @@ async def create_and_wait(
                 pending = sorted(waits.values())
                 message = (
                     f"placed {placed} of {len(out)} node slots; waiting for "
-                    f"{await diagnose(io, out, pending[:4])}"
+                    f"{await diagnose(io, out, pending[:4], held_by)}"
                 )
                 say(message)
                 if time.monotonic() - last_log > PROGRESS_LOG_PERIOD_S:

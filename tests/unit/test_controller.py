@@ -14,6 +14,7 @@ from controller.errors import (
     ReservationCancelled,
     ReservationConflict,
     ReservationError,
+    ReservationInfeasible,
     ReservationTimeout,
     TableUnreadable,
 )
@@ -486,6 +487,38 @@ def test_bad_input_never_changes_state():
                 await call
             assert "\n" not in str(e.value)
         assert fake.kv == before
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_reservation_that_can_never_fit_is_refused_at_once():
+    # The new user's case: all 4 GPUs of a node (1 CPU each) and a node-level process on
+    # the same node ask for 5 CPUs of a node that has 4 in total. Ray would keep the
+    # group pending forever; the reserve refuses it now, naming the node and the numbers.
+    async def go():
+        fake = cluster()
+        ctl = await controller(fake)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(ReservationInfeasible) as e:
+            await ctl.reserve("j", spec("0-3", reward={"node_group": "node", "placement": "1"}), 30)
+        assert asyncio.get_running_loop().time() - started < 5  # not its 30 s timeout
+        message = str(e.value)
+        assert "can never be placed" in message and "would need CPU 5" in message
+        assert "it has CPU 4 in total" in message and "\n" not in message
+        assert stored(fake, "j") is None and live_groups(fake) == set()
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_reserve_waiting_for_what_others_hold_says_whose():
+    async def go():
+        fake = cluster()
+        ctl = await controller(fake)
+        await ctl.reserve("hog", spec("4-7"), 5)
+        with pytest.raises(ReservationTimeout, match=r"free CPU 0, GPU 0 \(held by hog\)"):
+            await ctl.reserve("j", spec("4-5"), 0.2)
         await ctl.stop()
 
     run(go())
