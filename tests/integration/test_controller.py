@@ -15,7 +15,12 @@ from ray.util.placement_group import placement_group, placement_group_table
 
 import clients
 from controller import PlacementError
-from controller.errors import ReservationConflict, ReservationError, ReservationTimeout
+from controller.errors import (
+    ReservationConflict,
+    ReservationError,
+    ReservationInfeasible,
+    ReservationTimeout,
+)
 from controller.runtime.ray_io import group_handle
 from tests.integration.conftest import live_groups, one_node, restart_controller, wait_for
 
@@ -370,3 +375,17 @@ def test_a_node_process_sees_its_nodes_gpus_and_the_job_holds_them(ctl):
     with pytest.raises(ReservationTimeout, match=r"free CPU .*GPU 0"):
         ctl.reserve("thief", one_node("4-4"), timeout_s=2, progress=lambda m: None)
     ray.kill(seer)
+
+
+def test_a_reservation_that_can_never_fit_is_refused_at_once(ctl):
+    # Every GPU of both GPU nodes (1 CPU each, 4 CPUs per node in all) and a node-level
+    # process on them: 5 CPUs asked of nodes Ray reports with 4. Refused before any
+    # group exists, instead of waiting out the timeout.
+    spec = one_node("0-7", reward={"node_group": "node", "placement": "1-2"})
+    started = time.monotonic()
+    with pytest.raises(ReservationInfeasible, match=r"would need CPU 5; it has CPU 4 in total"):
+        ctl.reserve("too-big", spec, timeout_s=120)
+    assert time.monotonic() - started < 60
+    assert live_groups() == {}
+    with pytest.raises(PlacementError, match="no reservation named 'too-big'"):
+        ctl.record("too-big")
