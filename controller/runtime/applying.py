@@ -120,6 +120,8 @@ class Applier:
                     f"{spec.accelerator}); reserve with replace=True instead"
                 )
             change, floating = await self._change(res, spec)
+            kept = [res.slots[i] for i in change.kept]
+            groups.refuse_if_it_never_fits(self._nodes, f"apply to {job!r}", change.created, kept)
             if dry_run:
                 return change.summary
             new = await self._apply_change(res, spec, change, floating, started + timeout)

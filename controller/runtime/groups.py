@@ -11,9 +11,10 @@ from collections.abc import Callable, Container, Iterable
 
 import msgspec
 
-from controller.errors import ReservationError, ReservationTimeout
+from controller.errors import ReservationError, ReservationInfeasible, ReservationTimeout
 from controller.planning.node_groups import ACCELERATOR
 from controller.runtime.io import CREATED, REMOVED, ClusterIO, GroupInfo
+from controller.runtime.nodes import ClusterNodes
 from controller.state import fit
 from controller.state.records import ReservationRecord, SlotRecord
 
@@ -21,6 +22,27 @@ log = logging.getLogger("placectl.controller")
 PROGRESS_LOG_PERIOD_S = 5.0
 
 Say = Callable[[str], None]
+
+
+def refuse_if_it_never_fits(
+    nodes: ClusterNodes, what: str, slots: list[SlotRecord], kept: list[SlotRecord] = ()
+) -> None:
+    """Raise ReservationInfeasible if the slots (with the ``kept`` slots of the same
+    reservation) ask a node for more than it has in total: they could never be placed.
+    ``what`` names the request in the message."""
+    totals = {}
+    for slot in slots:
+        info = nodes.info(slot.node_id)
+        if info is not None and info.alive:
+            totals[slot.node_id] = info.resources
+    short = fit.shortfalls(slots, totals, kept)
+    if short:
+        more = f"; and {len(short) - 3} more node(s)" if len(short) > 3 else ""
+        raise ReservationInfeasible(
+            f"{what} can never be placed: {'; '.join(short[:3])}{more}. Ask for less "
+            "(cpus_per_accelerator, a node-level component's CPUs) or place it on nodes "
+            "that have it; nothing was changed"
+        )
 
 
 async def diagnose(

@@ -26,7 +26,6 @@ from controller.errors import (
     ReservationCancelled,
     ReservationConflict,
     ReservationError,
-    ReservationInfeasible,
     ReservationTimeout,
 )
 from controller.planning.cluster import ClusterView
@@ -43,7 +42,6 @@ from controller.runtime.progress import Progress
 from controller.runtime.repair import Repairer
 from controller.runtime.settings import Settings
 from controller.runtime.state import ReservationState
-from controller.state import fit
 from controller.state.diff import describe_difference
 from controller.state.plan import JobPlan, plan_slots
 from controller.state.published import publish
@@ -207,7 +205,7 @@ class Reserver:
             repair=policy,
             created_at=time.time(),
         )
-        self._refuse_if_it_never_fits(job, record.slots)
+        groups.refuse_if_it_never_fits(self._nodes, f"reservation {job!r}", record.slots)
         stored = StoredPlan(job=job, uid=uid, epoch=epoch, plan=plan)
         crash_point = self._incarnation.crash_point
         crash_point("after_plan")
@@ -255,21 +253,6 @@ class Reserver:
             "reserved %r: %d node slots, %d accelerators", job, len(slots), ready.accelerators()
         )
         return ready
-
-    def _refuse_if_it_never_fits(self, job: str, slots) -> None:
-        totals = {}
-        for slot in slots:
-            info = self._nodes.info(slot.node_id)
-            if info is not None and info.alive:
-                totals[slot.node_id] = info.resources
-        short = fit.shortfalls(slots, totals)
-        if short:
-            more = f"; and {len(short) - 3} more node(s)" if len(short) > 3 else ""
-            raise ReservationInfeasible(
-                f"reservation {job!r} can never be placed: {'; '.join(short[:3])}{more}. "
-                "Ask for less (cpus_per_accelerator, a node-level component's CPUs) or "
-                "place it on nodes that have it; nothing was reserved"
-            )
 
     async def _rollback(self, record: ReservationRecord, created: dict[int, str]) -> None:
         """Undo a reservation that did not complete. Shielded from cancellation: a

@@ -17,20 +17,34 @@ from controller.state.records import SlotRecord
 EPSILON = 1e-9  # Ray keeps resources in units of 1/10000
 
 
-def shortfalls(slots: Iterable[SlotRecord], totals: Mapping[str, Mapping[str, float]]) -> list[str]:
-    """One line per slot that asks its node for more than the node has in total.
+def shortfalls(
+    slots: Iterable[SlotRecord],
+    totals: Mapping[str, Mapping[str, float]],
+    kept: Iterable[SlotRecord] = (),
+) -> list[str]:
+    """One line per slot that asks its node for more than the node has in total (less
+    what the same reservation's ``kept`` slots hold there, for an apply).
 
     Args:
         slots: the planned slots (node id, rank and IP, bundles).
         totals: every alive node's total resources, by node id; a node missing here is
             skipped (dead or unknown: the wait for it says so).
+        kept: slots of the same reservation that stay on their nodes.
     """
+    held: dict[str, dict[str, float]] = {}
+    for slot in kept:
+        mine = held.setdefault(slot.node_id, {})
+        for k, v in slot.need().items():
+            mine[k] = mine.get(k, 0.0) + v
+    asked: dict[str, dict[str, float]] = {}
     out = []
     for slot in slots:
         total = totals.get(slot.node_id)
         if total is None:
             continue
-        need = slot.need()
+        need = asked.setdefault(slot.node_id, dict(held.get(slot.node_id, {})))
+        for k, v in slot.need().items():
+            need[k] = need.get(k, 0.0) + v
         short = sorted(k for k, v in need.items() if v > total.get(k, 0.0) + EPSILON)
         if short:
             asks = ", ".join(f"{k} {need[k]:g}" for k in short)

@@ -6,7 +6,12 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from controller.errors import PlacementError, ReservationError, ReservationTimeout
+from controller.errors import (
+    PlacementError,
+    ReservationError,
+    ReservationInfeasible,
+    ReservationTimeout,
+)
 from controller.runtime.controller import SimulatedCrash
 from controller.state.change import ApplySummary
 from tests.unit.fakes import (
@@ -349,6 +354,26 @@ def test_a_published_block_round_trips_through_its_assignments():
         for name in rec.world_sizes:
             block = msgspec.msgpack.decode(fake.kv[component_key("j", name)], type=ComponentBlock)
             assert _block(rec, name, block.assignments()) == block
+        await ctl.stop()
+
+    run(go())
+
+
+def test_an_apply_that_can_never_fit_beside_what_it_keeps_is_refused_at_once():
+    # The kept slot holds all 4 CPUs of node 1; a node-level process added there would
+    # make 5. Refused before anything is written or made, not after the timeout.
+    async def go():
+        fake = cluster(gpu_nodes=2, gpus=4)
+        ctl = await controller(fake)
+        await ctl.reserve("j", conf(actor="0-3"), 5)
+        before, groups = dict(fake.kv), live_groups(fake)
+        more = conf(actor="0-3", reward={"node_group": "node", "placement": "1"})
+        for dry_run in (True, False):
+            with pytest.raises(ReservationInfeasible, match="would need CPU 5; it has CPU 4"):
+                await ctl.apply("j", more, 30, dry_run)
+        assert fake.kv == before and live_groups(fake) == groups
+        await ctl.apply("j", conf(actor="0-2", reward={"node_group": "node", "placement": "1"}), 5)
+        assert stored(fake, "j").epoch == 2  # one GPU fewer leaves room for it
         await ctl.stop()
 
     run(go())
