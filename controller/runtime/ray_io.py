@@ -137,8 +137,8 @@ class RayClusterIO:
     async def node_events(self) -> list[NodeEvent]:
         if self._watch is None:
             self._watch = asyncio.get_running_loop().create_task(self._subscribe())
-        if self._polling:
-            await self._poll_nodes()
+        if self._polling or not self._subscribed:
+            await self._poll_nodes()  # no subscription (yet, or again): compare alive sets
         out = list(self._events)
         self._events.clear()
         if self._arrived is not None:
@@ -148,8 +148,9 @@ class RayClusterIO:
     async def wait_for_events(self, timeout: float) -> None:
         if self._arrived is None:
             self._arrived = asyncio.Event()
-        if self._events or self._polling:  # polling learns of events only when asked
-            if self._polling:
+        polling = self._polling or not self._subscribed
+        if self._events or polling:  # polling learns of events only when asked
+            if polling:
                 await asyncio.sleep(timeout)
             return
         with contextlib.suppress(asyncio.TimeoutError):
@@ -168,8 +169,8 @@ class RayClusterIO:
 
     def watching(self) -> str:
         """How node events arrive: ``subscribed`` (pushed by the GCS), ``reconnecting``
-        (the GCS went away; missed events are made up from a node read on return), or
-        ``polling`` (no subscription in this Ray; alive sets compared on every tick)."""
+        (no subscription yet or again: alive sets are compared on every tick meanwhile,
+        and once more on subscribing), or ``polling`` (this Ray has no subscriber)."""
         if self._polling:
             return "polling"
         return "subscribed" if self._subscribed else "reconnecting"
