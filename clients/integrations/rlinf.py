@@ -63,7 +63,9 @@ What this module relies on in RLinf, and what breaks if RLinf changes it:
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -111,13 +113,63 @@ _ordering = threading.local()  # the ReservedCluster whose constructor is probin
 
 class _ReservationOrder(NodeProbe):
     """RLinf's node probe, numbering the nodes by the reservation where no node sets
-    ``RLINF_NODE_RANK`` (RLinf's own rule for that case is left to run otherwise)."""
+    ``RLINF_NODE_RANK`` (RLinf's own rule for that case is left to run otherwise).
+
+    It first waits for the reservation to be ready. A node that died but that Ray still
+    lists alive (the seconds after a node loss, when a restarted driver typically starts)
+    fails RLinf's probe of it; the probe is then tried again once Ray has marked the
+    node dead and the reservation is repaired, instead of the driver failing.
+    """
+
+    def __init__(self, cluster_num_nodes: int, cluster_cfg: Any) -> None:
+        owner = getattr(_ordering, "cluster", None)
+        if owner is None:
+            super().__init__(cluster_num_nodes, cluster_cfg)
+            return
+        owner.reserve()
+        deadline = time.monotonic() + owner.timeout_s
+        while True:
+            listed = {n["NodeID"] for n in Cluster.get_alive_nodes()}
+            try:
+                super().__init__(cluster_num_nodes, cluster_cfg)
+                return
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError):
+                if time.monotonic() > deadline:
+                    raise
+            print(
+                f"placectl: {owner.job}: RLinf's probe of a node failed; waiting for Ray to "
+                "mark it dead and for the reservation's repair",
+                file=sys.stderr,
+                flush=True,
+            )
+            for probe in self._probes:
+                ray.kill(probe, no_restart=True)
+            while {n["NodeID"] for n in Cluster.get_alive_nodes()} >= listed:
+                if time.monotonic() > deadline:
+                    raise PlacementError(
+                        f"RLinf's probe of a node failed and Ray still lists every node alive "
+                        f"after {owner.timeout_s:g}s"
+                    )
+                time.sleep(0.25)
+            _wait_names_free([f"NodeProbe_{n}" for n in listed], deadline)
+            owner.reservation.wait_ready(timeout=max(deadline - time.monotonic(), 1.0))
 
     def _sort_nodes(self, cluster_num_nodes: int) -> None:
         owner = getattr(_ordering, "cluster", None)
         if owner is not None and all(n.node_rank == -1 for n in self._nodes):
             owner.number_nodes(self._nodes)
         super()._sort_nodes(cluster_num_nodes)
+
+
+def _wait_names_free(names: list[str], deadline: float) -> None:
+    """Until no actor holds these names (killed probes release them asynchronously)."""
+    for name in names:
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                break
+            time.sleep(0.1)
 
 
 class ReservedCluster(Cluster):
@@ -169,7 +221,7 @@ class ReservedCluster(Cluster):
         self.job = job
         self._block = cluster_cfg
         self._spec = load_spec(cluster_cfg)  # refuse a bad block before Ray starts
-        self._timeout_s = timeout_s
+        self.timeout_s = timeout_s
         self._controller_name = controller
         self._launching: dict[int, _Launch] = {}
         self._placements: ComponentPlacement | None = None
@@ -182,19 +234,20 @@ class ReservedCluster(Cluster):
             _cluster_module.NodeProbe = NodeProbe
             _ordering.cluster = None
         if self.reservation is None:  # RLinf's NodeProbe was not used: attach now
-            self._reserve()
+            self.reserve()
         Cluster._instance = self  # RLinf code calling Cluster() in this driver gets this one
 
-    def _reserve(self) -> None:
-        ctl = connect(name=self._controller_name)
-        self.reservation = ctl.reserve(self.job, self._spec, timeout_s=self._timeout_s)
-        self.reservation.wait_ready(timeout=self._timeout_s)
+    def reserve(self) -> None:
+        """Reserve the block for the job (or find it reserved) and wait until it is ready."""
+        if self.reservation is None:
+            ctl = connect(name=self._controller_name)
+            self.reservation = ctl.reserve(self.job, self._spec, timeout_s=self.timeout_s)
+        self.reservation.wait_ready(timeout=self.timeout_s)
 
     def number_nodes(self, nodes: list[Any]) -> None:
         """Give RLinf's probed nodes (``NodeInfo``) their ranks: the reservation's node
         ``k`` is rank ``k``, the rest follow in RLinf's order (accelerator type, then
-        IP). Called by RLinf's node probe while this cluster starts; reserves first."""
-        self._reserve()
+        IP). Called by RLinf's node probe while this cluster starts."""
         record = self.reservation.controller.record(self.job)
         rank_of = {s.node_id: s.node_rank for s in record.slots}
         probed = {n.ray_id for n in nodes}
