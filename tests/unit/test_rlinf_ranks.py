@@ -15,7 +15,7 @@ pytest.importorskip("rlinf.scheduler", reason="rlinf==0.3.0 is installed by scri
 
 from rlinf.scheduler.placement import Placement as RlinfPlacement
 
-from clients.integrations.rlinf import _check_rank
+from clients.integrations.rlinf_agreement import check_rank
 from controller.errors import PlacementError
 from controller.planning.placement import Placement
 from controller.state.assignments import Assignment
@@ -75,12 +75,12 @@ def held(node: int, planned: int, physical: int, rank: int = 0) -> Assignment:
 
 
 def test_a_rank_both_place_alike_is_started():
-    _check_rank(CLUSTER, "actor", rlinf(1, 2), held(1, 2, 2))
+    check_rank(CLUSTER, "actor", rlinf(1, 2), held(1, 2, 2))
 
 
 def test_a_rank_rlinf_would_put_on_another_node_is_refused_with_the_remedy():
     with pytest.raises(PlacementError) as e:
-        _check_rank(CLUSTER, "actor", rlinf(0, 2), held(1, 2, 2))
+        check_rank(CLUSTER, "actor", rlinf(0, 2), held(1, 2, 2))
     msg = str(e.value)
     assert "actor:0" in msg and "10.0.0.1" in msg and "10.0.0.2" in msg
     assert "RLINF_NODE_RANK" in msg and "\n" not in msg
@@ -89,10 +89,10 @@ def test_a_rank_rlinf_would_put_on_another_node_is_refused_with_the_remedy():
 def test_a_rank_whose_accelerator_ray_granted_another_job_is_refused():
     # RLinf numbers the node's accelerators from 0; Ray granted this bundle GPU 6
     with pytest.raises(PlacementError, match=r"accelerator\(s\) \[2\].*granted its bundle \[6\]"):
-        _check_rank(CLUSTER, "actor", rlinf(1, 2), held(1, 2, 6))
+        check_rank(CLUSTER, "actor", rlinf(1, 2), held(1, 2, 6))
 
 
 def test_a_rank_holding_other_accelerators_than_planned_is_refused():
     held_other = r"RLinf holds local accelerator \[3\], placectl \[2\]"
     with pytest.raises(PlacementError, match=held_other):
-        _check_rank(CLUSTER, "actor", rlinf(1, 3), held(1, 2, 2))
+        check_rank(CLUSTER, "actor", rlinf(1, 3), held(1, 2, 2))
