@@ -20,4 +20,17 @@ export PATH="$PWD/.venv/bin:$PATH"
 if ! .venv/bin/python -c "import rlinf.scheduler" >/dev/null 2>&1; then
   echo "== installing rlinf==0.3.0 (--no-deps) into .venv"
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps rlinf==0.3.0 2>&1 | grep -v "^WARNING: Location" || true
+  .venv/bin/python -c "import rlinf.scheduler" >/dev/null 2>&1 || { echo "rlinf install failed" >&2; exit 1; }
+fi
+# OpenRLHF for tests/integration/test_openrlhf.py: openrlhf 0.11.2 pins ray 2.55 and
+# transformers 5.15, so it cannot resolve beside verl and goes in without its requirements.
+# Its launcher imports deepspeed (built here without ops, against the CPU torch already
+# installed, hence no build isolation), transformers, peft and torchdata (through verl),
+# and vllm and flash_attn, which the test stands in for (tests/integration/openrlhf_site).
+has_openrlhf='import importlib.util as u, sys; sys.exit(not (u.find_spec("openrlhf") and u.find_spec("deepspeed")))'
+if ! .venv/bin/python -c "$has_openrlhf"; then
+  echo "== installing openrlhf==0.11.2 (--no-deps) and deepspeed==0.19.6 into .venv"
+  DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation deepspeed==0.19.6 2>&1 | grep -v "^WARNING: Location" || true
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps openrlhf==0.11.2 2>&1 | grep -v "^WARNING: Location" || true
+  .venv/bin/python -c "$has_openrlhf" || { echo "openrlhf/deepspeed install failed" >&2; exit 1; }
 fi

@@ -1,0 +1,2 @@
+class TokensPrompt(dict):
+    """vllm.inputs.TokensPrompt, imported by OpenRLHF's engine module."""
