@@ -30,7 +30,7 @@ fi
 has_openrlhf='import importlib.util as u, sys; sys.exit(not (u.find_spec("openrlhf") and u.find_spec("deepspeed")))'
 if ! .venv/bin/python -c "$has_openrlhf"; then
   echo "== installing openrlhf==0.11.2 (--no-deps) and deepspeed==0.19.6 into .venv"
-  DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation deepspeed==0.19.6 2>&1 | grep -v "^WARNING: Location" || true
+  DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation deepspeed==0.19.6 2>&1 | grep -v -e "^WARNING: Location" -e "dependency resolver" -e "^rlinf 0.3.0 requires" || true
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps openrlhf==0.11.2 2>&1 | grep -v "^WARNING: Location" || true
   .venv/bin/python -c "$has_openrlhf" || { echo "openrlhf/deepspeed install failed" >&2; exit 1; }
 fi

@@ -41,6 +41,15 @@ VISIBLE_DEVICES = {
 }
 VLLM = "vllm"
 
+# RLinf's names for where a process runs, set as its WorkerGroup sets them, so a process
+# written for RLinf's scheduler finds them (scripts/conformance_rlinf_env.py compares).
+RLINF_PLACEMENT = (
+    "CLUSTER_NODE_RANK",
+    "LOCAL_ACCELERATOR_RANK",
+    "ISOLATE_ACCELERATOR",
+    "LOCAL_HARDWARE_RANKS",
+    "NODE_GROUP_LABEL",
+)
 PROTECTED = frozenset(
     {
         "RANK",
@@ -52,6 +61,7 @@ PROTECTED = frozenset(
         "NODE_RANK",
         "MASTER_ADDR",
         "MASTER_PORT",
+        *RLINF_PLACEMENT,
         "PLACECTL_JOB",
         "PLACECTL_UID",
         "PLACECTL_COMPONENT",
@@ -170,6 +180,11 @@ def worker_env(
             "NODE_LOCAL_WORLD_SIZE": str(placement.local_world_size),
             "NODE_RANK": str(placement.placement_node_rank),
             "MASTER_ADDR": master_addr,
+            "CLUSTER_NODE_RANK": str(placement.node_rank),
+            "LOCAL_ACCELERATOR_RANK": str(placement.local_gpu_id),
+            "ISOLATE_ACCELERATOR": "1" if placement.isolate_gpu else "0",
+            "LOCAL_HARDWARE_RANKS": ",".join(str(r) for r in placement.local_resource_ranks),
+            "NODE_GROUP_LABEL": placement.node_group,
             "PLACECTL_JOB": job,
             "PLACECTL_UID": uid,
             "PLACECTL_COMPONENT": placement.component,
