@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from controller.errors import PlacementError
+from controller.planning.topology import Topology, topology_of, topology_order
 
 NODE_RANK_LABEL = "placectl.io/node-rank"
 
@@ -40,6 +41,11 @@ class NodeView(msgspec.Struct, kw_only=True, frozen=True):
                 raise PlacementError(
                     f"NodeView resource {name!r}={amount!r}: expected a non-negative number"
                 )
+
+    @property
+    def topology(self) -> Topology:
+        """Its NVLink domain, rack and topology rank, as its labels and resources say."""
+        return topology_of(self.labels, self.resources)
 
     def units(self, resource: str) -> int:
         """Whole units of a custom resource on this node (name matched case-insensitively)."""
@@ -83,14 +89,18 @@ def _ip_key(ip: str) -> tuple:
 def order_nodes(nodes: list[NodeView]) -> list[NodeView]:
     """Sort nodes into node-rank order.
 
-    If every node carries the ``placectl.io/node-rank`` label, that order; otherwise the
-    head node first, then by numeric IP, then by node id (raylets sharing one host).
-    The order depends only on the nodes, never on the order Ray listed them in.
+    If every node carries the ``placectl.io/node-rank`` label, that order. Otherwise the
+    head node first, then by numeric IP, then by node id (raylets sharing one host); and
+    where nodes state their topology (:mod:`controller.planning.topology`), that order
+    is rearranged so that one NVLink domain's nodes, and within it one rack's, have
+    consecutive ranks. The order depends only on the nodes, never on the order Ray
+    listed them in.
     """
     labelled = [n.labels.get(NODE_RANK_LABEL) for n in nodes]
     if nodes and all(v is not None and v.strip().isdigit() for v in labelled):
         return sorted(nodes, key=lambda n: (int(n.labels[NODE_RANK_LABEL]), n.node_id))
-    return sorted(nodes, key=lambda n: (not n.is_head, _ip_key(n.ip), n.node_id))
+    plain = sorted(nodes, key=lambda n: (not n.is_head, _ip_key(n.ip), n.node_id))
+    return [plain[i] for i in topology_order([n.topology for n in plain])]
 
 
 class _NodeEntry(NodeView, kw_only=True, forbid_unknown_fields=True):

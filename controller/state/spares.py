@@ -1,32 +1,61 @@
-"""Which live node may stand in for a lost one: the same kind, with room for the slot."""
+"""Which live node may stand in for a lost one: the same kind, with room for the slot,
+nearest first (the same NVLink domain, then the same rack)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from controller.planning.cluster import NODE_RANK_LABEL, NodeView
+from controller.planning.topology import (
+    NVLINK_RESOURCE_PREFIX,
+    RACK_LABEL,
+    TOPO_RANK_LABEL,
+    TOPO_RANK_RESOURCE,
+)
 
 # Ray's labels that say what a node is (not which node): a spare must match them.
 KIND_LABELS = ("ray.io/accelerator-type", "ray.io/node-group", "ray.io/market-type")
+# Labels that say where a node is, not what it is: nearness, not kind.
+PLACE_LABELS = (NODE_RANK_LABEL, RACK_LABEL, TOPO_RANK_LABEL)
+
+
+def _kind_resources(node: NodeView) -> dict[str, float]:
+    return {
+        k: v
+        for k, v in node.resources.items()
+        if not k.startswith(NVLINK_RESOURCE_PREFIX) and k != TOPO_RANK_RESOURCE
+    }
 
 
 def kind_labels(node: NodeView) -> dict[str, str]:
     """The labels that describe the kind of a node: Ray's kind labels and every user
-    label except those that name one node (``ray.io/*`` ids and zones, the rank label)."""
+    label except those that name one node or its place (``ray.io/*`` ids, zones and
+    domains, the rank, rack and topology-rank labels)."""
     return {
         k: v
         for k, v in node.labels.items()
-        if (k in KIND_LABELS or not k.startswith("ray.io/")) and k != NODE_RANK_LABEL
+        if (k in KIND_LABELS or not k.startswith("ray.io/")) and k not in PLACE_LABELS
     }
 
 
 def is_replacement(dead: NodeView, candidate: NodeView) -> bool:
     """Whether ``candidate`` is the same kind of node as ``dead``: the same accelerators,
-    custom resources (``accelerator_type:*`` included) and kind labels."""
+    custom resources (``accelerator_type:*`` included; NeMo-RL's per-node topology
+    resources are where a node is, not what it is) and kind labels."""
     return (
         candidate.num_gpus == dead.num_gpus
-        and candidate.resources == dead.resources
+        and _kind_resources(candidate) == _kind_resources(dead)
         and kind_labels(candidate) == kind_labels(dead)
+    )
+
+
+def nearness(dead: NodeView, candidate: NodeView) -> tuple[int, int]:
+    """How far ``candidate`` is from ``dead`` in the interconnect: (0, _) in the same
+    NVLink domain, then (_, 0) in the same rack; unknown counts as far."""
+    a, b = dead.topology, candidate.topology
+    return (
+        0 if a.domain and a.domain == b.domain else 1,
+        0 if a.rack and a.rack == b.rack else 1,
     )
 
 
@@ -43,10 +72,11 @@ def choose_spare(
     exclude: set[str],
     selectors: Iterable[dict[str, str]] = (),
 ) -> NodeView | None:
-    """The first candidate (in node-rank order) that can stand in for ``dead``: the same
-    kind of node, matching ``selectors``, not in ``exclude``, with ``need`` free."""
+    """The nearest candidate (by :func:`nearness`, then node-rank order) that can stand
+    in for ``dead``: the same kind of node, matching ``selectors``, not in ``exclude``,
+    with ``need`` free."""
     selectors = list(selectors)
-    for node in candidates:
+    for node in sorted(candidates, key=lambda n: nearness(dead, n)):
         if node.node_id in exclude or not is_replacement(dead, node):
             continue
         if not matches(node, selectors):
