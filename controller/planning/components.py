@@ -12,6 +12,7 @@ from controller.planning.colocation import AcceleratorUse, ShareRequest, account
 from controller.planning.node_groups import ACCELERATOR, NODE, ResourcePool, resolve_pool
 from controller.planning.placement import Placement, build_placements
 from controller.planning.ranks import expand_placement, parse_placement
+from controller.planning.segments import check_segments
 from controller.planning.spec import ClusterSpec, ComponentSpec, load_spec
 from controller.planning.strategies import (
     FlexiblePlacementStrategy,
@@ -124,6 +125,8 @@ class ComponentPlacement:
                 child_shares=kids,
                 node_accelerators=comp.isolate is not True,
             )
+            if comp.topology is not None:
+                check_segments(comp.name, comp.topology, self._placements[comp.name], view)
 
     def _plan_key(self, comp: ComponentSpec, floating: dict[str, list[int]] | None):
         groups = [self.spec.node_group(label) for label in comp.node_groups]

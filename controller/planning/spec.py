@@ -27,12 +27,15 @@ from controller.planning.spec_groups import (
 )
 from controller.planning.spec_model import (
     ENGINES,
+    ON_LOSS,
     RESERVED_GROUPS,
+    WITHIN,
     ClusterSpec,
     ComponentSpec,
     EnvConfig,
     NodeGroup,
     PortRange,
+    SegmentRule,
 )
 
 __all__ = [
@@ -94,6 +97,24 @@ def _group_labels(value: str | int | list[str | int] | None, where: str) -> list
     if len(set(labels)) != len(labels):
         raise SpecError(f"{where} {value!r}: a node group is listed twice")
     return labels
+
+
+def _segment_rule(comp: _Component, where: str) -> SegmentRule | None:
+    """Check a component's ``topology`` key."""
+    t = comp.topology
+    if t is None:
+        return None
+    if isinstance(t.segment, bool) or t.segment < 1:
+        raise SpecError(f"{where}.topology.segment {t.segment!r}: expected an int >= 1")
+    if t.within not in WITHIN:
+        raise SpecError(
+            f"{where}.topology.within {t.within!r}: expected one of {', '.join(WITHIN)}"
+        )
+    if t.on_loss not in ON_LOSS:
+        raise SpecError(
+            f"{where}.topology.on_loss {t.on_loss!r}: expected one of {', '.join(ON_LOSS)}"
+        )
+    return SegmentRule(segment=t.segment, within=t.within, on_loss=t.on_loss)
 
 
 def _engine_keys(comp: _Component, where: str) -> bool:
@@ -198,6 +219,7 @@ def _normalise(raw: _Cluster) -> ClusterSpec:
                     isolate=comp.isolate,
                     engine=comp.engine,
                     child_share=comp.child_share,
+                    topology=_segment_rule(comp, where),
                 )
             )
     unused = {k: getattr(raw, k) for k in RLINF_UNUSED if getattr(raw, k) is not None}

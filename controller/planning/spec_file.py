@@ -41,6 +41,12 @@ class _NodeGroup(_Strict):
     count: int | None = None
 
 
+class _Topology(_Strict):
+    segment: int
+    within: str = "nvlink-domain"
+    on_loss: str = "wait"
+
+
 class _Component(_Strict):
     placement: int | str
     node_group: str | int | list[str | int] | None = None
@@ -49,6 +55,7 @@ class _Component(_Strict):
     isolate: bool | None = None
     engine: str | None = None
     child_share: float | None = None
+    topology: _Topology | None = None
 
 
 # Keys RLinf's own configurations carry in their cluster block that say nothing about

@@ -11,6 +11,8 @@ from controller.errors import PlacementError
 
 RESERVED_GROUPS = ("cluster", "node")
 ENGINES = ("vllm",)
+WITHIN = ("nvlink-domain", "rack")
+ON_LOSS = ("wait", "span")
 
 
 class PortRange(msgspec.Struct, frozen=True):
@@ -57,6 +59,22 @@ class NodeGroup(msgspec.Struct, frozen=True, kw_only=True):
         return self.selector is not None
 
 
+class SegmentRule(msgspec.Struct, frozen=True, kw_only=True):
+    """Groups of consecutive processes that must share an NVLink domain (or a rack).
+
+    Attributes:
+        segment: processes per group: ranks ``[i*segment, (i+1)*segment)`` are one (a
+            tensor- or expert-parallel group that spans nodes).
+        within: ``nvlink-domain`` or ``rack``.
+        on_loss: what repair does when a lost node's domain has no free spare: ``wait``
+            (stay degraded, saying why) or ``span`` (take a spare elsewhere).
+    """
+
+    segment: int
+    within: str = "nvlink-domain"
+    on_loss: str = "wait"
+
+
 class ComponentSpec(msgspec.Struct, frozen=True, kw_only=True):
     """One component. Components written under one key share ``key`` and a strategy.
 
@@ -71,6 +89,7 @@ class ComponentSpec(msgspec.Struct, frozen=True, kw_only=True):
         engine: the inference engine the component runs (``vllm``): its processes get
             that engine's own variables for placing their workers.
         child_share: fraction of an accelerator each child of an engine requests.
+        topology: the segments that must each stay within one NVLink domain or rack.
     """
 
     name: str
@@ -82,6 +101,7 @@ class ComponentSpec(msgspec.Struct, frozen=True, kw_only=True):
     isolate: bool | None = None
     engine: str | None = None
     child_share: float | None = None
+    topology: SegmentRule | None = None
 
     @property
     def starts_children(self) -> bool:

@@ -31,7 +31,7 @@ from controller.runtime.settings import Settings
 from controller.runtime.state import ReservationState
 from controller.state.published import publish
 from controller.state.records import DEGRADED, MANUAL, READY, ReservationRecord
-from controller.state.spares import choose_spare
+from controller.state.spares import choose_spare, segments_kept
 
 log = logging.getLogger("placectl.controller")
 
@@ -199,11 +199,13 @@ class Repairer:
                 parts.append((live_by_id[slot.node_id], [i]))
             else:
                 lost.setdefault(slot.node_rank, []).append(i)
+        plan = (await self._state.plan(res.job)).plan if lost else None
         for node_rank, idxs in sorted(lost.items()):
             need: dict[str, float] = {}
             for i in idxs:
                 for k, v in res.slots[i].need().items():
                     need[k] = need.get(k, 0.0) + v
+            keep = segments_kept(res.spec, plan, node_rank, res.nodes[node_rank])
             spare = choose_spare(
                 res.nodes[node_rank],
                 live.nodes,
@@ -211,15 +213,17 @@ class Repairer:
                 need,
                 taken,
                 self._selectors(res, node_rank),
+                keep,
             )
             if spare is None:
                 first = res.slots[idxs[0]]
                 wants = ", ".join(f"{k} {v:g}" for k, v in sorted(need.items()))
+                where = "".join(f" {k.describe()}" for k in keep)
                 return (
                     None,
                     f"slot {idxs[0]} (node rank {node_rank}) lost node {first.node_ip} "
                     f"({first.node_id[:12]}); no spare node of the same kind with {wants} "
-                    "free; waiting for one to join",
+                    f"free{where}; waiting for one to join",
                     set(),
                 )
             taken.add(spare.node_id)

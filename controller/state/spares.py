@@ -3,15 +3,20 @@ nearest first (the same NVLink domain, then the same rack)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+import msgspec
 
 from controller.planning.cluster import NODE_RANK_LABEL, NodeView
+from controller.planning.segments import place_of
+from controller.planning.spec_model import ClusterSpec
 from controller.planning.topology import (
     NVLINK_RESOURCE_PREFIX,
     RACK_LABEL,
     TOPO_RANK_LABEL,
     TOPO_RANK_RESOURCE,
 )
+from controller.state.plan import JobPlan
 
 # Ray's labels that say what a node is (not which node): a spare must match them.
 KIND_LABELS = ("ray.io/accelerator-type", "ray.io/node-group", "ray.io/market-type")
@@ -64,6 +69,47 @@ def matches(node: NodeView, selectors: Iterable[dict[str, str]]) -> bool:
     return all(node.labels.get(k) == v for sel in selectors for k, v in sel.items())
 
 
+class Keep(msgspec.Struct, frozen=True, kw_only=True):
+    """A lost node's spare must be in the same NVLink domain (or rack) as it was.
+
+    Attributes:
+        within: ``nvlink-domain`` or ``rack``.
+        place: the domain (or rack) it was in.
+        component: the component whose segment it holds (``topology.on_loss: wait``).
+        segment: that component's segment size.
+    """
+
+    within: str
+    place: str
+    component: str
+    segment: int
+
+    def describe(self) -> str:
+        noun = "NVLink domain" if self.within == "nvlink-domain" else "rack"
+        return (
+            f"in {noun} {self.place} ({self.component} keeps topology.segment "
+            f"{self.segment} within {self.within}; on_loss: span would take one elsewhere)"
+        )
+
+
+def segments_kept(spec: ClusterSpec, plan: JobPlan, node_rank: int, lost: NodeView) -> list[Keep]:
+    """What a spare for the node at ``node_rank`` must share with ``lost``: the domain (or
+    rack) of every segment of a ``wait`` component that has a process there."""
+    keeps = []
+    for comp in spec.components:
+        rule = comp.topology
+        if rule is None or rule.on_loss != "wait":
+            continue
+        placements = plan.component(comp.name).placements
+        if any(p.node_rank == node_rank for p in placements):
+            place = place_of(lost.topology, rule.within)
+            if place:
+                keeps.append(
+                    Keep(within=rule.within, place=place, component=comp.name, segment=rule.segment)
+                )
+    return keeps
+
+
 def choose_spare(
     dead: NodeView,
     candidates: list[NodeView],
@@ -71,15 +117,18 @@ def choose_spare(
     need: dict[str, float],
     exclude: set[str],
     selectors: Iterable[dict[str, str]] = (),
+    keep: Sequence[Keep] = (),
 ) -> NodeView | None:
     """The nearest candidate (by :func:`nearness`, then node-rank order) that can stand
-    in for ``dead``: the same kind of node, matching ``selectors``, not in ``exclude``,
-    with ``need`` free."""
+    in for ``dead``: the same kind of node, matching ``selectors``, in every domain or
+    rack ``keep`` names, not in ``exclude``, with ``need`` free."""
     selectors = list(selectors)
     for node in sorted(candidates, key=lambda n: nearness(dead, n)):
         if node.node_id in exclude or not is_replacement(dead, node):
             continue
         if not matches(node, selectors):
+            continue
+        if any(place_of(node.topology, k.within) != k.place for k in keep):
             continue
         have = free.get(node.node_id, {})
         if all(have.get(k, 0.0) + 1e-9 >= v for k, v in need.items()):
