@@ -53,7 +53,10 @@ def render_plan(cp: ComponentPlacement) -> str:
                 )
                 lines = [" " if absent else "."]
             texts[(nr, col)] = lines
-    label_w = max(len(f"node {nr}") for nr in shown) if shown else 4
+    topo = {nr: cp.view.nodes[nr].topology for nr in shown}
+    known = any(t.known for t in topo.values())
+    names = {nr: f"node {nr}" + (f" {topo[nr].describe()}" if known else "") for nr in shown}
+    label_w = max(len(names[nr]) for nr in shown) if shown else 4
     widths = {
         col: max([len(col)] + [len(t) for nr in shown for t in texts[(nr, col)]]) for col in cols
     }
@@ -70,7 +73,7 @@ def render_plan(cp: ComponentPlacement) -> str:
             out.append(f"... {len(nodes) - len(shown)} more nodes ...")
         height = max(len(texts[(nr, col)]) for col in cols) if cols else 1
         for line in range(height):
-            label = f"node {nr}" if line == 0 else ""
+            label = names[nr] if line == 0 else ""
             row = [
                 (texts[(nr, col)][line] if line < len(texts[(nr, col)]) else "").ljust(widths[col])
                 for col in cols
@@ -187,7 +190,8 @@ def render_reservation(info, assignments: dict[str, list]) -> str:
         slot = on_node[nr][0]
         ids = ", ".join(s.group_id for s in on_node[nr])
         label = "groups" if len(on_node[nr]) > 1 else "group"
-        out.append(f"node {nr}  {slot.node_ip}  {slot.node_id[:12]}  {label} {ids}")
+        where = f"  {slot.topology}" if slot.topology else ""
+        out.append(f"node {nr}  {slot.node_ip}  {slot.node_id[:12]}{where}  {label} {ids}")
         cols = sorted({c for (r, c) in cells if r == nr}, key=lambda c: (len(c), c))
         for col in cols:
             entry = cells[(nr, col)]

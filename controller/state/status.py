@@ -18,6 +18,7 @@ class SlotInfo(msgspec.Struct, frozen=True, kw_only=True):
     accelerators: list[int]  # physical ids, in planned local order
     local_to_physical: dict[int, int]  # planned node-local index -> physical id
     bundles: int
+    topology: str = ""  # the node's NVLink domain, rack, topology rank ("" when unknown)
 
 
 class ReservationInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,6 +38,11 @@ class ReservationInfo(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def num_accelerators(self) -> int:
         return sum(len(s.accelerators) for s in self.slots)
+
+
+def _topology(res: ReservationRecord, node_rank: int) -> str:
+    node = res.nodes.get(node_rank)
+    return node.topology.describe() if node is not None and node.topology.known else ""
 
 
 def summarize(res: ReservationRecord) -> ReservationInfo:
@@ -62,6 +68,7 @@ def summarize(res: ReservationRecord) -> ReservationInfo:
                     b.local_index: b.physical_id for b in s.bundles if b.kind == ACCELERATOR
                 },
                 bundles=len(s.bundles),
+                topology=_topology(res, s.node_rank),
             )
             for s in res.slots
         ],

@@ -203,3 +203,35 @@ def test_gpu_check_says_when_there_is_no_gpu_to_check():
     )
     assert proc.returncode == 0
     assert "no NVIDIA GPU to check on this machine" in proc.stdout
+
+
+NVL_NODES = """
+- {num_gpus: 4, labels: {ray.io/gpu-domain: A, placectl.io/rack: r1}, count: 2}
+- {num_gpus: 4, labels: {ray.io/gpu-domain: B}, count: 2}
+"""
+
+
+def test_plan_shows_each_nodes_domain_and_refuses_a_spanning_segment(capsys, tmp_path):
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text(NVL_NODES)
+    conf = tmp_path / "conf.yaml"
+    conf.write_text(
+        "cluster:\n  num_nodes: 4\n  component_placement:\n"
+        "    actor: {placement: 0-7, topology: {segment: 8}}\n    rollout: 8-15\n"
+    )
+    code, out, err = run(capsys, "plan", str(conf), "--cluster", str(nodes))
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if line.startswith("node ")]
+    assert rows[0].startswith("node 0 domain=A rack=r1") and "actor:0" in rows[0]
+    assert rows[2].startswith("node 2 domain=B") and "rollout:0" in rows[2]
+    conf.write_text(
+        conf.read_text()
+        .replace("0-7, topology: {segment: 8}", "4-11, topology: {segment: 8}")
+        .replace("8-15", "12-15")
+    )
+    code, _, err = run(capsys, "plan", str(conf), "--cluster", str(nodes))
+    assert code == 2 and err.count("\n") == 1
+    assert (
+        "processes 0-7 (topology.segment 8) span NVLink domains A (node rank 1), B (node rank 2)"
+        in err
+    )
