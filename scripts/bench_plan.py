@@ -11,16 +11,24 @@ has placed so far, the per-process searches that make common implementations gro
 quadratically. It checks nothing and computes no shares, so it is a lower bound for such
 an implementation. Sizes where it would take minutes are skipped.
 
+With ``--domains`` it also plans the same configuration on nodes in NVLink domains of 8
+(64 GPUs each, stated by Ray's ``ray.io/gpu-domain`` label, listed in shuffled order), the
+``actor,rollout`` segments of 64 checked to stay within one domain: node order plus
+planning, beside the same plan without topology, in one run.
+
 Usage: scripts/bench_plan.py [--repeat 5] [--nodes 128 256 512 1024] [--baseline-max 512]
+       [--domains 1024 10000]
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 
-from controller import ClusterView, ComponentPlacement
+from controller import ClusterView, ComponentPlacement, NodeView
+from controller.planning.cluster import order_nodes
 
 
 def config(nodes: int, gpus: int = 8) -> dict:
@@ -76,6 +84,51 @@ def naive_plan(conf: dict, gpus_per_node: int) -> dict[str, list[dict]]:
     return out
 
 
+def domain_nodes(nodes: int, per_domain: int = 8) -> list[NodeView]:
+    """``nodes`` 8-GPU nodes in NVLink domains of ``per_domain``, in shuffled order."""
+    out = [
+        NodeView(
+            num_gpus=8,
+            node_id=f"{i:056x}",
+            ip=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}",
+            labels={"ray.io/gpu-domain": f"d{i // per_domain:05d}"},
+        )
+        for i in range(nodes)
+    ]
+    random.Random(1).shuffle(out)
+    return out
+
+
+def with_segments(nodes: int) -> dict:
+    conf = config(nodes)
+    placement = conf["component_placement"]
+    placement["actor,rollout"] = {"placement": "all", "topology": {"segment": 64}}
+    return conf
+
+
+def bench_domains(sizes: list[int], repeat: int) -> None:
+    print()
+    print(
+        f"{'nodes x 8':>10} {'placements':>11} {'plain (s)':>10} {'order (s)':>10} "
+        f"{'plan+check (s)':>15} {'ratio':>6}"
+    )
+    for nodes in sizes:
+        listed = domain_nodes(nodes)
+        view = ClusterView(nodes=order_nodes(listed))
+        conf, plain_conf = with_segments(nodes), config(nodes)
+        plain_view = ClusterView.uniform(nodes, 8)
+        count = sum(ComponentPlacement(conf, view).world_size(c) for c in ("actor", "rollout"))
+        count += ComponentPlacement(plain_conf, plain_view).world_size("inference")
+        count += ComponentPlacement(plain_conf, plain_view).world_size("reward")
+        plain = timed(lambda c=plain_conf, v=plain_view: ComponentPlacement(c, v), repeat)
+        order = timed(lambda nodes=listed: order_nodes(nodes), repeat)
+        planned = timed(lambda c=conf, v=view: ComponentPlacement(c, v), repeat)
+        print(
+            f"{nodes:>10} {count:>11,} {plain:>10.3f} {order:>10.3f} {planned:>15.3f} "
+            f"{(order + planned) / plain:>5.2f}x"
+        )
+
+
 def timed(fn, repeat: int) -> float:
     samples = []
     for _ in range(repeat):
@@ -90,6 +143,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, nargs="+", default=[128, 256, 512, 1024])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--baseline-max", type=int, default=256, help="largest size for the baseline")
+    ap.add_argument("--domains", type=int, nargs="*", default=[], help="sizes with NVLink domains")
     args = ap.parse_args()
 
     print(
@@ -123,6 +177,8 @@ def main() -> None:
             f"{nodes:>10} {count:>11,} {ours:>13.3f} {1000 * ours / count * 1000:>12.2f} "
             f"{base_s} {ratio}"
         )
+    if args.domains:
+        bench_domains(args.domains, args.repeat)
 
 
 if __name__ == "__main__":
