@@ -9,11 +9,17 @@ from typing import Any
 from controller.errors import PlacementError
 from controller.planning.cluster import ClusterView
 from controller.planning.colocation import AcceleratorUse, ShareRequest, account
-from controller.planning.node_groups import ACCELERATOR, NODE, ResourcePool, resolve_pool
+from controller.planning.node_groups import (
+    ACCELERATOR,
+    NODE,
+    ResourcePool,
+    choose_floating,
+    resolve_pool,
+)
 from controller.planning.placement import Placement, build_placements
 from controller.planning.ranks import expand_placement, parse_placement
-from controller.planning.segments import check_segments
-from controller.planning.spec import ClusterSpec, ComponentSpec, load_spec
+from controller.planning.segments import check_segments, floating_blocks
+from controller.planning.spec import ClusterSpec, ComponentSpec, NodeGroup, load_spec
 from controller.planning.strategies import (
     FlexiblePlacementStrategy,
     NodePlacementStrategy,
@@ -48,6 +54,8 @@ class ComponentPlacement:
             groups ``cluster`` and ``node`` span its first ``num_nodes`` nodes.
         floating: node ranks already chosen for floating groups, by label; other
             floating groups take the first matching nodes of ``view``.
+        check_topology: refuse segments that span NVLink domains (see
+            :mod:`controller.planning.segments`); off only to learn their shape.
 
     Raises:
         PlacementError: anything in the configuration that does not fit the cluster.
@@ -58,9 +66,11 @@ class ComponentPlacement:
         spec: ClusterSpec | Any,
         view: ClusterView,
         floating: dict[str, list[int]] | None = None,
+        check_topology: bool = True,
     ) -> None:
         self.spec = load_spec(spec)
         self.view = view
+        self._check_topology = check_topology
         with _gc_paused():
             self._plan(view, floating)
 
@@ -125,7 +135,7 @@ class ComponentPlacement:
                 child_shares=kids,
                 node_accelerators=comp.isolate is not True,
             )
-            if comp.topology is not None:
+            if comp.topology is not None and self._check_topology:
                 check_segments(comp.name, comp.topology, self._placements[comp.name], view)
 
     def _plan_key(self, comp: ComponentSpec, floating: dict[str, list[int]] | None):
@@ -187,3 +197,24 @@ class ComponentPlacement:
                 name: msgspec.to_builtins(self._placements[name]) for name in self.components
             }
         }
+
+
+def choose_floating_nodes(
+    spec: ClusterSpec,
+    view: ClusterView,
+    groups: list[NodeGroup],
+    free: dict[str, dict[str, float]],
+    kept: dict[str, list[int]] | None = None,
+) -> dict[str, list[int]]:
+    """Nodes for the floating ``groups`` (those in ``kept`` stay where they are). A group
+    holding a segmented component takes whole blocks of one domain at a time, so that
+    the plan's segment check holds where the free nodes allow it."""
+    floating = dict(kept or {})
+    floating.update(choose_floating(groups, view, free, spec.accelerator))
+    if any(c.topology is not None for c in spec.components):
+        trial = ComponentPlacement(spec, view, floating, check_topology=False)
+        labels = {g.label for g in groups}
+        blocks = {k: v for k, v in floating_blocks(trial).items() if k in labels}
+        if blocks:
+            floating.update(choose_floating(groups, view, free, spec.accelerator, blocks))
+    return floating

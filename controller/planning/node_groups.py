@@ -17,6 +17,7 @@ import msgspec
 from controller.errors import PlacementError
 from controller.planning.cluster import ClusterView
 from controller.planning.spec import NodeGroup
+from controller.planning.topology import place_of
 
 ACCELERATOR, HARDWARE, NODE = "accelerator", "hardware", "node"
 
@@ -214,11 +215,15 @@ def choose_floating(
     view: ClusterView,
     free: dict[str, dict[str, float]],
     accelerator: str,
+    blocks: dict[str, tuple[int, str]] | None = None,
 ) -> dict[str, list[int]]:
     """Nodes for each floating group: matching nodes with the most free resources.
 
     Among the nodes whose labels match the selector, those with more free accelerators
     (or free units of the group's hardware) come first; ties go to the lower node rank.
+    A group in ``blocks`` (``(b, within)``: each segment of a component on it spans
+    ``b`` nodes that must share an NVLink domain or rack) takes whole blocks of ``b``
+    nodes from one domain at a time, in node order, skipping a domain's remainder.
     The chosen ranks are returned in node-rank order.
     """
     chosen: dict[str, list[int]] = {}
@@ -239,6 +244,36 @@ def choose_floating(
                 f"node group {group.label!r} needs {group.count} nodes matching "
                 f"{group.selector}, the cluster has {len(candidates)} free"
             )
-        chosen[group.label] = sorted(candidates[: group.count])
+        block = (blocks or {}).get(group.label)
+        picked = _whole_blocks(group, view, candidates, *block) if block else candidates
+        chosen[group.label] = sorted(picked[: group.count])
         taken.update(chosen[group.label])
     return chosen
+
+
+def _whole_blocks(
+    group: NodeGroup, view: ClusterView, candidates: list[int], b: int, within: str
+) -> list[int]:
+    """``group.count`` of ``candidates`` in whole blocks of ``b`` nodes of one domain."""
+    noun = "NVLink domain" if within == "nvlink-domain" else "rack"
+    if group.count % b:
+        raise PlacementError(
+            f"node group {group.label!r}: count {group.count} is not a multiple of the {b} "
+            f"nodes each segment on it spans; segments could not each stay in one {noun}"
+        )
+    by_place: dict[str, list[int]] = {}
+    for r in candidates:
+        by_place.setdefault(place_of(view.nodes[r].topology, within), []).append(r)
+    picked: list[int] = []
+    for place in sorted(by_place, key=lambda p: min(by_place[p])):
+        if place and len(picked) < group.count:
+            usable = len(by_place[place]) // b * b
+            picked.extend(by_place[place][: min(usable, group.count - len(picked))])
+    if len(picked) < group.count:
+        free = ", ".join(f"{p or '(none)'}: {len(rs)}" for p, rs in by_place.items())
+        raise PlacementError(
+            f"node group {group.label!r} needs {group.count} nodes matching "
+            f"{group.selector} in whole blocks of {b} per {noun}; free matching nodes by "
+            f"{noun}: {free}"
+        )
+    return picked

@@ -17,17 +17,12 @@ from controller.errors import PlacementError
 from controller.planning.cluster import ClusterView
 from controller.planning.placement import Placement
 from controller.planning.spec_model import SegmentRule
-from controller.planning.topology import GPU_DOMAIN_LABEL, RACK_LABEL, Topology
+from controller.planning.topology import GPU_DOMAIN_LABEL, RACK_LABEL, place_of
 
 HOW_TO_STATE = {
     "nvlink-domain": f"the label {GPU_DOMAIN_LABEL} or NeMo-RL's resource nvlink_domain_<id>",
     "rack": f"the label {RACK_LABEL}",
 }
-
-
-def place_of(topology: Topology, within: str) -> str:
-    """The domain (or rack) a node is in for ``within``; "" when it states none."""
-    return topology.domain if within == "nvlink-domain" else topology.rack
 
 
 def _ranges(ranks: Sequence[int]) -> str:
@@ -83,4 +78,28 @@ def check_segments(
             )
 
 
-__all__ = ["HOW_TO_STATE", "check_segments", "place_of"]
+def floating_blocks(cp) -> dict[str, tuple[int, str]]:
+    """For each floating group that holds a segmented component, the nodes one segment
+    spans and what they must share, from a plan of ``cp`` (a ComponentPlacement built
+    without the segment check)."""
+    blocks: dict[str, tuple[int, str]] = {}
+    for comp in cp.spec.components:
+        rule = comp.topology
+        if rule is None:
+            continue
+        placements = cp.placements(comp.name)
+        span = max(
+            (
+                len({p.node_rank for p in placements[i : i + rule.segment]})
+                for i in range(0, len(placements), rule.segment)
+            ),
+            default=1,
+        )
+        for label in comp.node_groups:
+            if cp.spec.node_group(label).floating:
+                b = max(span, blocks.get(label, (1, ""))[0])
+                blocks[label] = (b, rule.within)
+    return blocks
+
+
+__all__ = ["HOW_TO_STATE", "check_segments", "floating_blocks", "place_of"]

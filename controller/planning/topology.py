@@ -101,6 +101,12 @@ def topology_problems(labels: dict[str, str], resources: dict[str, float]) -> li
     return problems
 
 
+def place_of(topology: Topology, within: str) -> str:
+    """The NVLink domain (``within="nvlink-domain"``) or rack (``"rack"``) of a node;
+    "" when it states none."""
+    return topology.domain if within == "nvlink-domain" else topology.rack
+
+
 _LAST = float("inf")
 
 
@@ -147,6 +153,7 @@ __all__ = [
     "TOPO_RANK_LABEL",
     "TOPO_RANK_RESOURCE",
     "Topology",
+    "place_of",
     "topology_of",
     "topology_order",
     "topology_problems",

@@ -28,8 +28,7 @@ from typing import Any
 import msgspec
 
 from controller.errors import ReservationError
-from controller.planning.components import ComponentPlacement
-from controller.planning.node_groups import choose_floating
+from controller.planning.components import ComponentPlacement, choose_floating_nodes
 from controller.planning.spec_edit import with_component
 from controller.runtime import groups
 from controller.runtime.checks import Checker
@@ -166,7 +165,7 @@ class Applier:
                 choose.append(g)
         if choose:
             free = await self._io.free_resources()
-            floating.update(choose_floating(choose, view, free, spec.accelerator))
+            floating = choose_floating_nodes(spec, view, choose, free, kept=floating)
         plan = JobPlan.of(ComponentPlacement(spec, view, floating))
         old_plan = (await self._state.plan(res.job)).plan
         prefix = f"{self._prefix}{res.job}:{secrets.token_hex(3)}:"

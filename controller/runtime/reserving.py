@@ -29,8 +29,7 @@ from controller.errors import (
     ReservationTimeout,
 )
 from controller.planning.cluster import ClusterView
-from controller.planning.components import ComponentPlacement
-from controller.planning.node_groups import choose_floating
+from controller.planning.components import ComponentPlacement, choose_floating_nodes
 from controller.runtime import groups
 from controller.runtime.checks import Checker
 from controller.runtime.incarnation import Incarnation
@@ -182,9 +181,7 @@ class Reserver:
         view = await self._wait_for_nodes(job, spec, deadline)
         floating_groups = [g for g in spec.node_groups if g.floating]
         floating = (
-            choose_floating(
-                floating_groups, view, await self._io.free_resources(), spec.accelerator
-            )
+            choose_floating_nodes(spec, view, floating_groups, await self._io.free_resources())
             if floating_groups
             else {}
         )

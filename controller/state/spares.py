@@ -8,13 +8,13 @@ from collections.abc import Iterable, Sequence
 import msgspec
 
 from controller.planning.cluster import NODE_RANK_LABEL, NodeView
-from controller.planning.segments import place_of
 from controller.planning.spec_model import ClusterSpec
 from controller.planning.topology import (
     NVLINK_RESOURCE_PREFIX,
     RACK_LABEL,
     TOPO_RANK_LABEL,
     TOPO_RANK_RESOURCE,
+    place_of,
 )
 from controller.state.plan import JobPlan
 

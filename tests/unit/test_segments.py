@@ -10,6 +10,7 @@ import pytest
 
 from controller import ClusterView, ComponentPlacement, NodeView, PlacementError, load_spec
 from controller.planning.cluster import order_nodes
+from controller.planning.components import choose_floating_nodes
 from controller.planning.topology import GPU_DOMAIN_LABEL
 from controller.runtime.fake import FakeCluster
 from tests.unit.fakes import controller, run, stored, until
@@ -82,7 +83,7 @@ def _fake(a: int, b: int) -> tuple[FakeCluster, dict[str, str]]:
             nid = fake.add_node(
                 num_gpus=4,
                 num_cpus=4,
-                labels={GPU_DOMAIN_LABEL: d},
+                labels={GPU_DOMAIN_LABEL: d, "pool": "h"},
                 ip=f"10.0.0.{2 * i + (d == 'B')}",
             )
             domain_of[nid] = d
@@ -109,7 +110,7 @@ def test_a_lost_nodes_segment_waits_for_a_spare_of_its_domain():
         )
         assert rec.state == "degraded" and "actor keeps topology.segment 8" in rec.reason
         joined = fake.add_node(
-            num_gpus=4, num_cpus=4, labels={GPU_DOMAIN_LABEL: "A"}, ip="10.0.0.99"
+            num_gpus=4, num_cpus=4, labels={GPU_DOMAIN_LABEL: "A", "pool": "h"}, ip="10.0.0.99"
         )
         domain_of[joined] = "A"
         rec = await until(lambda: (r := stored(fake, "tp")).state == "ready" and r)
@@ -144,6 +145,72 @@ def test_a_free_node_of_the_same_domain_is_taken_before_an_earlier_one_of_anothe
         fake.kill_node(stored(fake, "tp").slots[0].node_id)
         await until(lambda: stored(fake, "tp").epoch == 2 and stored(fake, "tp").state == "ready")
         assert _domains_of(fake, domain_of, "tp") == ["B", "B"]
+        await ctl.stop()
+
+    run(go())
+
+
+def _pool(a: int, b: int) -> ClusterView:
+    """Domains A (``a`` nodes) and B (``b``), every node labelled pool=h."""
+    view = domains(a, b)
+    return ClusterView(
+        nodes=[
+            NodeView(
+                num_gpus=n.num_gpus, node_id=n.node_id, ip=n.ip, labels={**n.labels, "pool": "h"}
+            )
+            for n in view.nodes
+        ]
+    )
+
+
+def floating(count: int, segment: int | None = 8) -> dict:
+    comp = {"node_group": "pool", "placement": f"0-{4 * count - 1}"}
+    if segment:
+        comp["topology"] = {"segment": segment}
+    return {
+        "num_nodes": 1,
+        "node_groups": [{"label": "pool", "selector": {"pool": "h"}, "count": count}],
+        "component_placement": {"actor": comp},
+    }
+
+
+def _free(view: ClusterView) -> dict:
+    return {n.node_id: {"GPU": 4.0} for n in view.nodes}
+
+
+def test_a_floating_group_takes_whole_blocks_of_one_domain():
+    view = _pool(3, 4)
+    spec = load_spec(floating(4))
+    groups = list(spec.node_groups)
+    chosen = choose_floating_nodes(spec, view, groups, _free(view))
+    # A's third node is skipped: a segment of 8 spans 2 nodes, which must share a domain
+    assert [view.nodes[r].node_id for r in chosen["pool"]] == ["A0", "A1", "B0", "B1"]
+    cp = ComponentPlacement(spec, view, chosen)
+    doms = [view.nodes[p.node_rank].labels[GPU_DOMAIN_LABEL] for p in cp.placements("actor")]
+    assert doms == ["A"] * 8 + ["B"] * 8
+    # without segments, the first four matching nodes, as before
+    plain = load_spec(floating(4, segment=None))
+    chosen = choose_floating_nodes(plain, view, list(plain.node_groups), _free(view))
+    assert [view.nodes[r].node_id for r in chosen["pool"]] == ["A0", "A1", "A2", "B0"]
+
+
+def test_a_floating_group_that_cannot_keep_its_segments_whole_is_refused():
+    view = _pool(3, 3)
+    spec = load_spec(floating(6))
+    with pytest.raises(PlacementError, match="in whole blocks of 2 per NVLink domain; free"):
+        choose_floating_nodes(spec, view, list(spec.node_groups), _free(view))
+    odd = load_spec(floating(3, segment=8))
+    with pytest.raises(PlacementError, match="count 3 is not a multiple of the 2 nodes"):
+        choose_floating_nodes(odd, view, list(odd.node_groups), _free(view))
+
+
+def test_the_controller_reserves_a_floating_group_in_whole_domain_blocks():
+    async def go():
+        fake, domain_of = _fake(3, 2)
+        ctl = await controller(fake)
+        # every GPU node matches; A has 3: the third would split a segment across domains
+        await ctl.reserve("f", {**floating(4), "num_nodes": 6}, 5)
+        assert sorted(_domains_of(fake, domain_of, "f")) == ["A", "A", "B", "B"]
         await ctl.stop()
 
     run(go())
