@@ -23,14 +23,17 @@ from typing import Any
 import msgspec
 
 from controller.errors import PlacementError, ReservationError, TableUnreadable
+from controller.runtime.admission import Admitter
 from controller.runtime.applying import Applier
 from controller.runtime.checks import Checker
+from controller.runtime.diagnostics import DiagnosticCalls
 from controller.runtime.incarnation import FAULT_STEPS, Incarnation, SimulatedCrash
 from controller.runtime.io import ClusterIO
 from controller.runtime.leasing import Leaser
 from controller.runtime.locks import JobLocks
 from controller.runtime.nodes import ClusterNodes
 from controller.runtime.progress import Progress
+from controller.runtime.queue_calls import QueueCalls
 from controller.runtime.reconcile import Reconciler
 from controller.runtime.repair import Repairer
 from controller.runtime.reserving import Reserver
@@ -51,7 +54,7 @@ RECOVERY_WAIT_S = 60.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
 
-class PlacementController:
+class PlacementController(QueueCalls, DiagnosticCalls):
     """Owns every placectl reservation of a cluster.
 
     Fault-tolerance contract:
@@ -131,6 +134,10 @@ class PlacementController:
         self._repairer = Repairer(io, st, nd, lk, ck, ls, pg, inc, cfg, prefix)
         rp = self._repairer
         self._reserver = Reserver(io, st, nd, lk, ck, ls, rp, pg, inc, cfg, prefix)
+        self._admitter = Admitter(
+            io, st, nd, pg, prefix, self._reserver.place_admitted, ck.wake, lambda: inc.dead
+        )
+        self._reserver.admitter = self._admitter
         self._applier = Applier(io, st, nd, lk, ck, ls, pg, inc, cfg, prefix)
         self._reconciler = Reconciler(io, st, nd, lk, ck, self._reserver, rp, cfg, prefix)
         self._refusal: str | None = None
@@ -175,6 +182,7 @@ class PlacementController:
             try:
                 if self._refusal is None:
                     await self._reconciler.tick()
+                    await self._admitter.tick()
                 elif asyncio.get_running_loop().time() - last_try >= self.settings.refusal_retry:
                     last_try = asyncio.get_running_loop().time()
                     await self._retry_unreadable()
@@ -228,16 +236,19 @@ class PlacementController:
         timeout_s: float = 300.0,
         replace: bool = False,
         repair: str = AUTO,
+        queue: str = "",
+        priority: int = 0,
     ) -> bytes:
-        """Reserve the resources of ``spec`` for ``job``; returns the encoded status
-        (see :meth:`Reserver.reserve`)."""
+        """Reserve the resources of ``spec`` for ``job`` (in ``queue`` at ``priority``,
+        if given); returns the encoded status (see :meth:`Reserver.reserve`)."""
         await self._ready()
         job = check_job(job)
         spec = requests.coerce_spec(spec)
         timeout = check_timeout(timeout_s)
         check_flag(replace, "replace")
         policy = check_policy(repair)
-        res = await self._reserver.reserve(job, spec, timeout, replace, policy)
+        queue, priority = requests.check_queue(queue), requests.check_priority(priority)
+        res = await self._reserver.reserve(job, spec, timeout, replace, policy, queue, priority)
         return self._status_bytes(res)
 
     async def cancel(self, job: str) -> bool:
@@ -363,36 +374,3 @@ class PlacementController:
         await self._checker.confirm(list(records))
         infos = [summarize(self._checker.truthful(records[j])) for j in sorted(records)]
         return msgspec.msgpack.encode(infos)
-
-    async def progress(self, job: str) -> str:
-        """What a reservation in progress is waiting for ("" when nothing)."""
-        return self._progress.of(job)
-
-    async def check_alive(self) -> str:
-        """Answers this incarnation's id, which changes on every restart; answers even
-        while the controller refuses to act."""
-        return self._incarnation.id
-
-    async def health(self) -> dict[str, Any]:
-        """Incarnation, node, recovery, refusal, how node events arrive, GCS store."""
-        return {
-            "incarnation": self._incarnation.id,
-            "node_id": self._io.own_node(),
-            "recovered": self._recovered.is_set(),
-            "refusal": self._refusal,
-            "reservations": len(self._state.records),
-            "node_events": self._io.watching(),
-            "gcs_store": self._io.gcs_store(),
-        }
-
-    # ------------------------------------------------------------ testing
-    async def arm_fault(self, step: str | None) -> None:
-        """Test only: crash the next time ``step`` is reached."""
-        self._incarnation.arm(step)
-
-    async def timings(self) -> dict[str, float]:
-        """How long the last new reservation took to plan, place and probe."""
-        return dict(self._reserver.last_timings)
-
-    async def group_prefix(self) -> str:
-        return self._prefix

@@ -31,6 +31,7 @@ from controller.errors import (
 from controller.planning.cluster import ClusterView
 from controller.planning.components import ComponentPlacement, choose_floating_nodes
 from controller.runtime import groups
+from controller.runtime.admission import Admitter
 from controller.runtime.checks import Checker
 from controller.runtime.incarnation import Incarnation
 from controller.runtime.io import ClusterIO
@@ -44,7 +45,7 @@ from controller.runtime.state import ReservationState
 from controller.state.diff import describe_difference
 from controller.state.plan import JobPlan, plan_slots
 from controller.state.published import publish
-from controller.state.records import AUTO, PENDING, READY, RELEASING, ReservationRecord
+from controller.state.records import AUTO, PENDING, QUEUED, READY, RELEASING, ReservationRecord
 from controller.state.table import StoredPlan
 
 log = logging.getLogger("placectl.controller")
@@ -66,6 +67,7 @@ class Reserver:
         incarnation: Incarnation,
         settings: Settings,
         prefix: str,
+        admitter: Admitter | None = None,
     ) -> None:
         self._io = io
         self._state = state
@@ -79,6 +81,7 @@ class Reserver:
         self.settings = settings
         self._prefix = prefix
         self._reserving: dict[str, asyncio.Task] = {}
+        self.admitter = admitter
         self.last_timings: dict[str, float] = {}
 
     def in_progress(self, job: str) -> bool:
@@ -90,7 +93,14 @@ class Reserver:
 
     # ------------------------------------------------------------ reserve
     async def reserve(
-        self, job: str, spec: Any, timeout: float, replace: bool, policy: str
+        self,
+        job: str,
+        spec: Any,
+        timeout: float,
+        replace: bool,
+        policy: str,
+        queue: str = "",
+        priority: int = 0,
     ) -> ReservationRecord:
         """Reserve ``spec`` for ``job`` (arguments checked by the caller); its record.
 
@@ -101,11 +111,20 @@ class Reserver:
         spec is a :class:`ReservationConflict` unless ``replace``. On timeout, failure or
         cancellation every group made for the attempt is removed and nothing is
         recorded.
+
+        With a ``queue``, a reservation that does not fit now, or that others are queued
+        before, is recorded ``queued`` and placed whole when its turn comes (see
+        :mod:`controller.state.queueing`); on timeout or cancellation it leaves the queue.
         """
         started = time.monotonic()
         await self._checker.confirm([job])
         async with self._locks.job(job):
             existing = self._state.get(job)
+            if existing is not None and existing.state == QUEUED:
+                queued = await self._queue().rejoin(existing, spec, queue, priority)
+                if queued is not None:
+                    return await self._reserve_locked(job, spec, started, timeout, policy, queued)
+                existing = None
             same = existing is not None and existing.settled and existing.spec == spec
             if same:
                 if existing.repair != policy:
@@ -122,16 +141,27 @@ class Reserver:
                     )
                 if existing is not None:
                     await self.release_locked(job)
-                return await self._reserve_locked(job, spec, started, timeout, policy)
+                queued = None
+                if queue:
+                    queued = await self._queue().enqueue(job, spec, policy, queue, priority)
+                return await self._reserve_locked(job, spec, started, timeout, policy, queued)
         # The same spec, degraded under the auto policy: repaired before it is returned.
         return await self._repairer.repair_until(job, started + timeout)
 
     async def _reserve_locked(
-        self, job: str, spec, started: float, timeout: float, policy: str
+        self,
+        job: str,
+        spec,
+        started: float,
+        timeout: float,
+        policy: str,
+        queued: ReservationRecord | None = None,
     ) -> ReservationRecord:
         self._reserving[job] = asyncio.current_task()
         try:
-            res = await self._create(job, spec, started + timeout, policy)
+            if queued is not None:
+                await self._queue().wait_turn(queued, started + timeout)
+            res = await self._create(job, spec, started + timeout, policy, queued)
         except asyncio.CancelledError:
             if self._incarnation.dead:
                 raise
@@ -141,8 +171,43 @@ class Reserver:
         finally:
             self._reserving.pop(job, None)
             self._progress.clear(job)
+            if queued is not None and self.admitter is not None:
+                self.admitter.done(job)
         self._io.metrics.reserve_latency(time.monotonic() - started)
         return res
+
+    # ------------------------------------------------------------ the queue
+    def _queue(self) -> Admitter:
+        if self.admitter is None:
+            raise ReservationError("this controller has no queue")
+        return self.admitter
+
+    def _wake_admitter(self) -> None:
+        if self.admitter is not None:
+            self.admitter.wake()
+
+    async def place_admitted(self, job: str) -> None:
+        """Place an admitted reservation whose caller is not waiting (a controller
+        restart took the call), under the job's lock; queued again if that fails."""
+        try:
+            async with self._locks.job(job):
+                queued = self._state.get(job)
+                if queued is None or queued.state != QUEUED:
+                    return
+                self._reserving[job] = asyncio.current_task()
+                deadline = time.monotonic() + self.settings.admitted_place_timeout
+                try:
+                    await self._create(job, queued.spec, deadline, queued.repair, queued)
+                except Exception as e:
+                    log.warning("placing admitted reservation %r failed: %s; queued again", job, e)
+                    why = f"admitted, but placing it failed ({e}); queued again"
+                    await self._state.commit(msgspec.structs.replace(queued, reason=why))
+                finally:
+                    self._reserving.pop(job, None)
+                    self._progress.clear(job)
+        finally:
+            if self.admitter is not None:
+                self.admitter.done(job)
 
     async def cancel(self, job: str) -> bool:
         """Cancel a ``reserve`` of ``job`` in progress (it rolls back); True if there was
@@ -176,7 +241,14 @@ class Reserver:
                 )
             await asyncio.sleep(0.5)
 
-    async def _create(self, job: str, spec, deadline: float, policy: str) -> ReservationRecord:
+    async def _create(
+        self,
+        job: str,
+        spec,
+        deadline: float,
+        policy: str,
+        queued: ReservationRecord | None = None,
+    ) -> ReservationRecord:
         entered = time.monotonic()
         view = await self._wait_for_nodes(job, spec, deadline)
         floating_groups = [g for g in spec.node_groups if g.floating]
@@ -201,6 +273,9 @@ class Reserver:
             state=PENDING,
             repair=policy,
             created_at=time.time(),
+            queue=queued.queue if queued else "",
+            priority=queued.priority if queued else 0,
+            queued_at=queued.queued_at if queued else 0.0,
         )
         groups.refuse_if_it_never_fits(self._nodes, f"reservation {job!r}", record.slots)
         stored = StoredPlan(job=job, uid=uid, epoch=epoch, plan=plan)
@@ -298,6 +373,7 @@ class Reserver:
                 "them and drops the reservation once they are gone"
             )
         await self._state.forget(job)
+        self._wake_admitter()
         log.info("released %r", job)
         return True
 

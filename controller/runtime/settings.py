@@ -30,6 +30,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     warm_budget: int = 32
     # Groups created but not yet placed, at once: the GCS schedules one group at a time.
     max_in_flight: int = 16
+    # Placing a queued reservation admitted while its caller is gone (a controller
+    # restart): it was admitted because it fits, so this is quick unless someone else's
+    # actors took the room meanwhile; then it is queued again.
+    admitted_place_timeout: float = 120.0
 
 
 FAST = Settings(
@@ -40,5 +44,6 @@ FAST = Settings(
     repair_timeout=1.0,
     repair_retry=0.05,
     port_check_timeout=0.2,
+    admitted_place_timeout=2.0,
 )
 """Settings for unit tests on the fake cluster, where nothing takes real time."""

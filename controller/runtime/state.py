@@ -52,6 +52,7 @@ class ReservationState:
         self._by_node: dict[str, set[str]] = {}  # node id -> jobs with a slot there
         self._held_names: set[str] = set()  # group names and ids the records reference
         self._held_ids: set[str] = set()
+        self._quotas: dict[str, dict[str, float]] = {}
         self.bytes_written = 0
 
     # ------------------------------------------------------------ reads
@@ -75,6 +76,19 @@ class ReservationState:
             known = ", ".join(sorted(self._records)) or "none"
             raise UnknownReservation(f"no reservation named {job!r} (reserved: {known})")
         return res
+
+    @property
+    def quotas(self) -> Mapping[str, Mapping[str, float]]:
+        """Each queue's quota: resource -> most its admitted reservations may hold."""
+        return types.MappingProxyType(self._quotas)
+
+    async def set_quota(self, queue: str, limits: dict[str, float]) -> None:
+        """Store a queue's quota (written to the table first); empty removes it."""
+        await self._store.write_quota(queue, limits)
+        if limits:
+            self._quotas[queue] = dict(limits)
+        else:
+            self._quotas.pop(queue, None)
 
     def epoch(self, job: str) -> int:
         """The highest epoch ``job`` ever had (kept after a release)."""
@@ -177,6 +191,7 @@ class ReservationState:
         self._records.clear()
         self._records.update(loaded.records)
         self._epochs = dict(loaded.epochs)
+        self._quotas = {q: dict(v) for q, v in loaded.quotas.items()}
         for cache in (self._plans, self._published, self._encoded, self._by_node):
             cache.clear()
         self._held_names.clear()

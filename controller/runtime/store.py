@@ -17,6 +17,7 @@ from controller.state.table import (
     LEGACY_KEY,
     META,
     PLAN,
+    QUOTA,
     RECORD,
     StoredPlan,
     check_meta,
@@ -37,6 +38,7 @@ class Loaded(msgspec.Struct):
     records: dict[str, ReservationRecord]
     epochs: dict[str, int]
     migrated: int = 0
+    quotas: dict[str, dict[str, float]] = {}
 
 
 class Store:
@@ -101,7 +103,10 @@ class Store:
                 raise TableUnreadable(f"epoch counter {k.decode()!r} is not an int") from None
         for job, r in records.items():
             epochs[job] = max(epochs.get(job, 0), r.epoch)
-        return Loaded(records, epochs, migrated)
+        quotas = {}
+        for k, v in (await self.io.kv_multi_get(await self.io.kv_keys(QUOTA))).items():
+            quotas[job_of(k, QUOTA)] = decode(v, dict[str, float], f"quota {k.decode()!r}")
+        return Loaded(records, epochs, migrated, quotas)
 
     async def _migrate(self, legacy: bytes) -> int:
         migrated = migrate_v1(legacy)  # TableUnreadable if it is not a format-1 table
@@ -159,6 +164,13 @@ class Store:
         k, v = key(RECORD, record.job), encode(record)
         await self._put(k, v)
         return len(k) + len(v)
+
+    async def write_quota(self, queue: str, limits: dict[str, float]) -> None:
+        """Store a queue's quota; an empty one removes it."""
+        if limits:
+            await self._put(key(QUOTA, queue), encode(limits))
+        else:
+            await self._delete(key(QUOTA, queue))
 
     async def delete_components(self, job: str, components: list[str]) -> None:
         """Remove the stored assignments of components a record no longer has."""

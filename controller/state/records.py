@@ -26,7 +26,8 @@ from controller.state.ports import MASTER, PortLease
 SCHEMA_VERSION = 3
 
 PENDING, READY, DEGRADED, RELEASING = "pending", "ready", "degraded", "releasing"
-STATES = (PENDING, READY, DEGRADED, RELEASING)
+QUEUED = "queued"  # waiting in a queue for admission: no groups, no slots yet
+STATES = (QUEUED, PENDING, READY, DEGRADED, RELEASING)
 AUTO, MANUAL = "auto", "manual"  # repair policies
 GROUP_PREFIX = "placectl:"  # + controller name + ":" + job + ":" + token + ":" + slot
 
@@ -110,11 +111,14 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
         slots: the placement groups, in node-rank order (several on a node after an
             ``apply`` grew it).
         world_sizes: processes per component, in configuration order.
-        state, reason: pending | ready | degraded | releasing, and why.
+        state, reason: queued | pending | ready | degraded | releasing, and why.
         repair: ``auto`` (replace lost slots at once) or ``manual`` (wait for
             ``repair(job)``).
         leases: master ports first, then ports leased on request.
         applying: an ``apply`` in progress (None otherwise).
+        queue, priority, queued_at: the queue a reservation was asked for in (``""``:
+            none), its priority there (higher first) and when it joined (wall clock,
+            first come first served within a priority). Kept once admitted.
     """
 
     v: int = SCHEMA_VERSION
@@ -132,6 +136,9 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
     created_at: float = 0.0
     leases: list[PortLease] = []
     applying: Applying | None = None
+    queue: str = ""
+    priority: int = 0
+    queued_at: float = 0.0
 
     def master_port(self, component: str) -> int | None:
         for lease in self.leases:

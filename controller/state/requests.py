@@ -62,3 +62,42 @@ def check_flag(value: object, what: str) -> bool:
     if not isinstance(value, bool):
         raise ReservationError(f"{what} {value!r}: expected True or False")
     return value
+
+
+_QUEUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+MAX_PRIORITY = 1_000_000
+
+
+def check_queue(queue: object, allow_empty: bool = True) -> str:
+    """A queue name: 1-64 letters, digits, '_', '.', '-' (``""``: no queue, if allowed)."""
+    if queue in ("", None) and allow_empty:
+        return ""
+    if not isinstance(queue, str) or not _QUEUE.match(queue):
+        raise ReservationError(
+            f"queue {queue!r}: use 1-64 letters, digits, '_', '.', '-', starting with a "
+            "letter or digit"
+        )
+    return queue
+
+
+def check_priority(priority: object) -> int:
+    """A priority: an int in [-MAX_PRIORITY, MAX_PRIORITY]; higher is admitted first."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ReservationError(f"priority {priority!r}: expected an int (higher goes first)")
+    if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ReservationError(f"priority {priority}: must be in [{-MAX_PRIORITY}, {MAX_PRIORITY}]")
+    return priority
+
+
+def check_quota(limits: object) -> dict[str, float]:
+    """A quota: resource name -> a number >= 0 (``{}`` removes the quota)."""
+    if not isinstance(limits, dict):
+        raise ReservationError(f"quota {limits!r}: expected a mapping of resource to limit")
+    out = {}
+    for k, v in limits.items():
+        if not isinstance(k, str) or not k or len(k) > 128:
+            raise ReservationError(f"quota resource {k!r}: expected a resource name (GPU, ...)")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v < 0:
+            raise ReservationError(f"quota {k}={v!r}: expected a number >= 0")
+        out[k] = float(v)
+    return out

@@ -34,6 +34,9 @@ class ReservationInfo(msgspec.Struct, frozen=True, kw_only=True):
     slots: list[SlotInfo]
     uid: str = ""
     repair: str = "auto"
+    queue: str = ""
+    priority: int = 0
+    queued_at: float = 0.0
 
     @property
     def num_accelerators(self) -> int:
@@ -57,6 +60,9 @@ def summarize(res: ReservationRecord) -> ReservationInfo:
         accelerator=res.spec.accelerator,
         uid=res.uid,
         repair=res.repair,
+        queue=res.queue,
+        priority=res.priority,
+        queued_at=res.queued_at,
         slots=[
             SlotInfo(
                 node_rank=s.node_rank,
@@ -73,3 +79,22 @@ def summarize(res: ReservationRecord) -> ReservationInfo:
             for s in res.slots
         ],
     )
+
+
+class QueueEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One queued reservation as ``placectl queue`` shows it.
+
+    Attributes:
+        position: 1 for the next to be admitted.
+        job, queue, priority, queued_at: from its record (``queued_at``: wall clock).
+        wants: what it asks for in total, per resource (once planned).
+        why: why it waits, as of the last decision (what is missing, and whose).
+    """
+
+    position: int
+    job: str
+    queue: str
+    priority: int
+    queued_at: float
+    wants: dict[str, float] = {}
+    why: str = ""

@@ -41,6 +41,7 @@ META = b"meta"
 LEGACY_KEY = b"reservations"
 LEGACY_BACKUP = b"reservations.v1-migrated"
 RECORD, PLAN, ASSIGNMENTS, EPOCH = b"res/", b"plan/", b"asg/", b"epoch/"
+QUOTA = b"quota/"  # + queue name: {resource: limit}
 T = TypeVar("T")
 
 

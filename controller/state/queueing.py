@@ -1,0 +1,166 @@
+"""Which queued reservations may be placed now: pure, decided on the controller's view of
+free resources.
+
+**Order.** Every queued reservation, whatever its queue, in one order: higher priority
+first, then first come first served (``queued_at``), then the job name. Queues group
+reservations for quotas and for ``placectl queue``.
+
+**Gang admission.** A reservation is admitted only when every slot it plans fits what its
+node has free (less what this decision already admitted): its groups are created only
+then, so no part of it holds resources while it waits.
+
+**No starvation.** A reservation that does not fit holds the nodes it would use: nothing
+after it in the order is admitted onto any of them, even when it would fit. Smaller
+reservations backfill only nodes that no earlier waiting reservation needs. So a waiting
+reservation waits for the reservations already placed on its nodes to release, and for
+those before it in the order, never for later ones.
+
+**Quotas.** A queue may have a quota: at most so many units of each resource (``GPU``,
+``franka``, ...) held by its admitted reservations together. A reservation that would
+exceed it waits, holding nothing (its queue is full, not the cluster).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import msgspec
+
+EPSILON = 1e-9
+
+
+class Entry(msgspec.Struct, frozen=True, kw_only=True):
+    """One queued reservation as the decision sees it.
+
+    Attributes:
+        job, queue, priority, queued_at: from its record.
+        needs: what it would hold on each node (node id -> resource -> amount), or None
+            when it cannot be planned now (``why`` says why).
+        why: why it cannot be planned (nodes missing, ...).
+    """
+
+    job: str
+    queue: str
+    priority: int = 0
+    queued_at: float = 0.0
+    needs: dict[str, dict[str, float]] | None = None
+    why: str = ""
+
+    def total(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for need in (self.needs or {}).values():
+            for k, v in need.items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+
+class Decision(msgspec.Struct, frozen=True, kw_only=True):
+    """What one pass decided.
+
+    Attributes:
+        admitted: jobs to place now, in order.
+        waiting: for each job left queued, its position (1 = next) and why it waits.
+    """
+
+    admitted: list[str] = []
+    waiting: dict[str, tuple[int, str]] = {}
+
+
+def order(entries: Iterable[Entry]) -> list[Entry]:
+    """The admission order: priority (higher first), then arrival, then name."""
+    return sorted(entries, key=lambda e: (-e.priority, e.queued_at, e.job))
+
+
+def needs_by_node(slots: Iterable[tuple[str, Mapping[str, float]]]) -> dict[str, dict[str, float]]:
+    """Sum ``(node_id, need)`` pairs into what a reservation holds per node."""
+    out: dict[str, dict[str, float]] = {}
+    for node_id, need in slots:
+        mine = out.setdefault(node_id, {})
+        for k, v in need.items():
+            mine[k] = mine.get(k, 0.0) + v
+    return out
+
+
+def _fmt(amounts: Mapping[str, float]) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in sorted(amounts.items()))
+
+
+def decide(
+    entries: Iterable[Entry],
+    free: Mapping[str, Mapping[str, float]],
+    *,
+    quotas: Mapping[str, Mapping[str, float]] | None = None,
+    used: Mapping[str, Mapping[str, float]] | None = None,
+    name: Callable[[str], str] = lambda node_id: node_id[:12],
+    holders: Callable[[str], Iterable[str]] = lambda node_id: (),
+) -> Decision:
+    """Admit what fits, in order, without letting anything pass a waiting reservation
+    on the nodes it needs (see the module docstring).
+
+    Args:
+        entries: the queued reservations.
+        free: what each alive node has free now (node id -> resource -> amount).
+        quotas: each queue's limit per resource (absent: no limit).
+        used: what each queue's admitted reservations hold (resource -> amount).
+        name: how a node is named in a reason (rank and IP).
+        holders: the jobs holding resources on a node, for "held by" in a reason.
+    """
+    left = {n: dict(v) for n, v in free.items()}
+    queue_used = {q: dict(v) for q, v in (used or {}).items()}
+    held_for: dict[str, str] = {}  # node id -> the first waiting job that needs it
+    admitted: list[str] = []
+    waiting: dict[str, tuple[int, str]] = {}
+    for e in order(entries):
+        position = len(waiting) + 1
+        if e.needs is None:
+            waiting[e.job] = (position, e.why or "cannot be planned yet")
+            continue
+        limit = (quotas or {}).get(e.queue)
+        if limit:
+            mine = queue_used.get(e.queue, {})
+            over = {
+                k: mine.get(k, 0.0) + v
+                for k, v in e.total().items()
+                if k in limit and mine.get(k, 0.0) + v > limit[k] + EPSILON
+            }
+            if over:
+                quota = _fmt({k: limit[k] for k in over})
+                waiting[e.job] = (
+                    position,
+                    f"queue {e.queue!r} is at its quota ({quota}); admitting it would "
+                    f"make {_fmt(over)}",
+                )
+                continue
+        ahead = sorted({held_for[n] for n in e.needs if n in held_for})
+        if ahead:
+            waiting[e.job] = (position, f"waits behind {', '.join(ahead)} for its nodes")
+            continue
+        short = []
+        for node_id, need in sorted(e.needs.items()):
+            have = left.get(node_id)
+            if have is None:
+                short.append(f"{name(node_id)} is not alive")
+                continue
+            lacking = {k: v for k, v in need.items() if v > have.get(k, 0.0) + EPSILON}
+            if lacking:
+                owners = sorted(set(holders(node_id)))
+                by = f" (held by {', '.join(owners[:4])})" if owners else ""
+                free_now = _fmt({k: have.get(k, 0.0) for k in lacking})
+                short.append(f"{name(node_id)} needs {_fmt(lacking)}, has {free_now} free{by}")
+        if short:
+            for node_id in e.needs:
+                held_for.setdefault(node_id, e.job)
+            more = f"; and {len(short) - 2} more node(s)" if len(short) > 2 else ""
+            waiting[e.job] = (position, "; ".join(short[:2]) + more)
+            continue
+        for node_id, need in e.needs.items():
+            for k, v in need.items():
+                left[node_id][k] = left[node_id].get(k, 0.0) - v
+        mine = queue_used.setdefault(e.queue, {})
+        for k, v in e.total().items():
+            mine[k] = mine.get(k, 0.0) + v
+        admitted.append(e.job)
+    return Decision(admitted=admitted, waiting=waiting)
+
+
+__all__ = ["Decision", "Entry", "decide", "needs_by_node", "order"]

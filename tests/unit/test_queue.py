@@ -1,0 +1,244 @@
+"""The queue: admission order, gang admission, no starvation, quotas; and the controller
+on the fake cluster (queued records in the table, admission as others release, restarts,
+cancellation, timeouts). Milliseconds each; observations go through the stored table."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from controller.errors import (
+    ReservationCancelled,
+    ReservationError,
+    ReservationInfeasible,
+    ReservationTimeout,
+)
+from controller.state.queueing import Entry, decide
+from controller.state.status import QueueEntry
+from tests.unit.fakes import cluster, controller, info, live_groups, run, spec, stored, until
+
+GPU4 = {"GPU": 4.0}
+
+
+def entry(job, nodes, priority=0, at=0.0, queue="q", gpus=4.0):
+    return Entry(
+        job=job,
+        queue=queue,
+        priority=priority,
+        queued_at=at,
+        needs={n: {"GPU": gpus} for n in nodes},
+    )
+
+
+# ------------------------------------------------------------------ the decision, pure
+def test_priority_first_then_first_come_first_served():
+    free = {"a": GPU4, "b": GPU4}
+    entries = [entry("late", ["a"], at=2), entry("early", ["b"], at=1), entry("vip", ["a"], 5, 3)]
+    d = decide(entries, free)
+    assert d.admitted == ["vip", "early"]
+    assert d.waiting["late"][0] == 1 and "waits behind" not in d.waiting["late"][1]
+
+
+def test_admission_is_whole_or_nothing():
+    d = decide([entry("big", ["a", "b"])], {"a": GPU4, "b": {"GPU": 2.0}})
+    assert d.admitted == []
+    assert "b needs GPU 4, has GPU 2 free" in d.waiting["big"][1]
+
+
+def test_a_stream_of_small_jobs_never_passes_a_waiting_large_one_on_its_nodes():
+    # big needs a and b; a is busy. Small jobs behind it that want b wait; one on c goes.
+    free = {"a": {"GPU": 0.0}, "b": GPU4, "c": GPU4}
+    entries = [entry("big", ["a", "b"], at=0)]
+    entries += [entry(f"small{i}", ["b"], at=1 + i) for i in range(20)]
+    entries.append(entry("elsewhere", ["c"], at=50))
+    d = decide(entries, free, holders=lambda n: {"a": ["owner"]}.get(n, []))
+    assert d.admitted == ["elsewhere"]
+    assert "(held by owner)" in d.waiting["big"][1]
+    assert all("waits behind big" in d.waiting[f"small{i}"][1] for i in range(20))
+    # a frees up: big goes first, the small ones still wait (b is now big's)
+    free = {"a": GPU4, "b": GPU4, "c": {"GPU": 0.0}}
+    d = decide([e for e in entries if e.job != "elsewhere"], free)
+    assert d.admitted == ["big"]
+
+
+def test_a_quota_holds_its_queue_back_and_nothing_else():
+    free = {"a": GPU4, "b": GPU4}
+    entries = [entry("one", ["a"], queue="team"), entry("two", ["b"], queue="other")]
+    d = decide(entries, free, quotas={"team": {"GPU": 4.0}}, used={"team": {"GPU": 2.0}})
+    assert d.admitted == ["two"]
+    assert "queue 'team' is at its quota (GPU 4)" in d.waiting["one"][1]
+
+
+def test_an_entry_that_cannot_be_planned_waits_and_holds_nothing():
+    free = {"a": GPU4}
+    waiting = Entry(job="x", queue="q", why="waiting for nodes: 1 of 3 alive")
+    d = decide([waiting, entry("y", ["a"], at=1)], free)
+    assert d.admitted == ["y"] and d.waiting["x"] == (1, "waiting for nodes: 1 of 3 alive")
+
+
+# ------------------------------------------------------------------ the controller
+def q(placement: str, **more) -> dict:
+    return spec(placement, **more)
+
+
+async def _queued(ctl, job, placement, priority=0, queue="q", timeout=10.0):
+    return asyncio.create_task(
+        ctl.reserve(job, q(placement), timeout, queue=queue, priority=priority)
+    )
+
+
+def test_a_reservation_that_fits_is_placed_at_once_and_keeps_its_queue():
+    async def go():
+        fake = cluster()
+        ctl = await controller(fake)
+        got = info(await ctl.reserve("j", q("0-3"), 5, queue="research", priority=3))
+        assert got.state == "ready" and (got.queue, got.priority) == ("research", 3)
+        await ctl.stop()
+
+    run(go())
+
+
+def test_queued_jobs_are_admitted_in_priority_order_as_others_release():
+    async def go():
+        fake = cluster(gpu_nodes=2)
+        ctl = await controller(fake)
+        await ctl.reserve("holder", q("0-7"), 5)  # both GPU nodes
+        low = await _queued(ctl, "low", "0-7", priority=0)  # both nodes
+        await until(lambda: (r := stored(fake, "low")) is not None and r.state == "queued")
+        high = await _queued(ctl, "high", "0-3", priority=5)
+        await until(lambda: (r := stored(fake, "high")) is not None and r.state == "queued")
+        # queued: recorded, nothing placed (no partial hold)
+        assert stored(fake, "low").slots == [] and len(live_groups(fake)) == 2
+        entries = msgspec.msgpack.decode(await ctl.queue(), type=list[QueueEntry])
+        assert [(e.position, e.job) for e in entries] == [(1, "high"), (2, "low")]
+        assert "held by holder" in entries[0].why and entries[0].wants.get("GPU") == 4.0
+        await ctl.release("holder")
+        got = info(await asyncio.wait_for(high, 5))
+        assert got.state == "ready"
+        # low needs high's node too: it waits, even though its other node is free
+        await until(lambda: "held by high" in ctl._admitter.why("low")[1])
+        assert stored(fake, "low").state == "queued"
+        await ctl.release("high")
+        assert info(await asyncio.wait_for(low, 5)).state == "ready"
+        await ctl.stop()
+
+    run(go())
+
+
+def test_first_come_first_served_within_a_priority():
+    async def go():
+        fake = cluster(gpu_nodes=1)
+        ctl = await controller(fake)
+        await ctl.reserve("holder", q("0-3", num_nodes=2), 5)
+        first = asyncio.create_task(ctl.reserve("first", q("0-3", num_nodes=2), 10, queue="q"))
+        await until(lambda: stored(fake, "first") is not None)
+        second = asyncio.create_task(ctl.reserve("second", q("0-3", num_nodes=2), 10, queue="q"))
+        await until(lambda: stored(fake, "second") is not None)
+        await ctl.release("holder")
+        assert info(await asyncio.wait_for(first, 5)).state == "ready"
+        assert stored(fake, "second").state == "queued"
+        await ctl.release("first")
+        assert info(await asyncio.wait_for(second, 5)).state == "ready"
+        await ctl.stop()
+
+    run(go())
+
+
+def test_queued_records_survive_a_controller_restart_and_are_placed_without_their_caller():
+    async def go():
+        fake = cluster(gpu_nodes=1)
+        ctl = await controller(fake)
+        await ctl.reserve("holder", q("0-3", num_nodes=2), 5)
+        waiting = asyncio.create_task(ctl.reserve("w", q("0-3", num_nodes=2), 10, queue="q"))
+        await until(lambda: (r := stored(fake, "w")) is not None and r.state == "queued")
+        await ctl.stop()  # the controller dies; its caller's call with it
+        waiting.cancel()
+        again = await controller(fake)
+        assert stored(fake, "w").state == "queued"
+        await again.release("holder")
+        rec = await until(lambda: (r := stored(fake, "w")) is not None and r.state == "ready" and r)
+        assert rec.queue == "q" and rec.slots
+        # the caller comes back with the same spec: it gets the placed reservation
+        got = info(await again.reserve("w", q("0-3", num_nodes=2), 5, queue="q"))
+        assert got.state == "ready" and got.uid == rec.uid
+        await again.stop()
+
+    run(go())
+
+
+def test_cancel_or_release_leaves_the_queue():
+    async def go():
+        fake = cluster(gpu_nodes=1)
+        ctl = await controller(fake)
+        await ctl.reserve("holder", q("0-3", num_nodes=2), 5)
+        task = asyncio.create_task(ctl.reserve("w", q("0-3", num_nodes=2), 10, queue="q"))
+        await until(lambda: stored(fake, "w") is not None)
+        assert await ctl.cancel("w")
+        with pytest.raises(ReservationCancelled):
+            await task
+        assert stored(fake, "w") is None
+        task = asyncio.create_task(ctl.reserve("w", q("0-3", num_nodes=2), 10, queue="q"))
+        await until(lambda: stored(fake, "w") is not None)
+        assert await ctl.release("w")
+        with pytest.raises(ReservationCancelled):
+            await task
+        assert stored(fake, "w") is None
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_timeout_leaves_the_queue_saying_where_it_was():
+    async def go():
+        fake = cluster(gpu_nodes=1)
+        ctl = await controller(fake)
+        await ctl.reserve("holder", q("0-3", num_nodes=2), 5)
+        with pytest.raises(ReservationTimeout, match=r"number 1 in the queue .*held by holder"):
+            await ctl.reserve("w", q("0-3", num_nodes=2), 0.3, queue="q")
+        assert stored(fake, "w") is None
+        await ctl.stop()
+
+    run(go())
+
+
+def test_what_can_never_fit_is_refused_at_once_and_nothing_is_queued():
+    async def go():
+        fake = cluster(gpu_nodes=1)
+        ctl = await controller(fake)
+        big = {"num_nodes": 2, "cpus_per_accelerator": 8, "component_placement": {"a": "0-3"}}
+        with pytest.raises(ReservationInfeasible, match="can never be placed"):
+            await ctl.reserve("w", big, 5, queue="q")
+        assert stored(fake, "w") is None
+        with pytest.raises(ReservationError, match="queue 'no good'"):
+            await ctl.reserve("w", q("0-3"), 5, queue="no good")
+        with pytest.raises(ReservationError, match="priority True"):
+            await ctl.reserve("w", q("0-3"), 5, queue="q", priority=True)
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_quota_keeps_a_queue_waiting_while_the_cluster_has_room():
+    async def go():
+        fake = cluster(gpu_nodes=2)
+        ctl = await controller(fake)
+        assert await ctl.set_quota("team", {"GPU": 4}) == {"GPU": 4.0}
+        assert info(await ctl.reserve("one", q("0-3"), 5, queue="team")).state == "ready"
+        two = asyncio.create_task(ctl.reserve("two", q("4-7"), 10, queue="team"))
+        await until(lambda: (r := stored(fake, "two")) is not None and r.state == "queued")
+        entries = msgspec.msgpack.decode(await ctl.queue(), type=list[QueueEntry])
+        await until(lambda: "at its quota" in ctl._admitter.why("two")[1])
+        assert entries[0].job == "two"
+        await ctl.release("one")
+        assert info(await asyncio.wait_for(two, 5)).state == "ready"
+        assert await ctl.quotas() == {"team": {"GPU": 4.0}}
+        again = await controller(fake)  # the quota is in the table
+        assert await again.quotas() == {"team": {"GPU": 4.0}}
+        with pytest.raises(ReservationError, match="quota GPU=-1"):
+            await again.set_quota("team", {"GPU": -1})
+        await ctl.stop()
+        await again.stop()
+
+    run(go())
