@@ -11,6 +11,7 @@ import sys
 import time
 
 import click
+import msgspec
 
 from controller import ClusterView, ComponentPlacement, PlacementError, load_spec
 from controller.planning.cluster import load_cluster_view
@@ -196,14 +197,24 @@ def status(job, address, as_json, watch, interval) -> None:
     show_default=True,
     help="Replace a lost node's slot at once, or wait for `placectl repair`.",
 )
-def reserve(job, config, address, timeout_s, replace, repair) -> None:
+@click.option("--queue", default="", help="Wait in this queue, placed whole when it fits.")
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher goes first.")
+def reserve(job, config, address, timeout_s, replace, repair, queue, priority) -> None:
     """Reserve CONFIG's resources for JOB (idempotent). Waits, with progress, until the
-    cluster can place it or the timeout passes; Ctrl-C cancels it."""
+    cluster can place it or the timeout passes; Ctrl-C cancels it (and leaves the queue)."""
     from clients.render import node_count
 
     spec = load_spec(config)
     ctl = _connect(address, start=True)
-    res = ctl.reserve(job, spec, timeout_s=timeout_s, replace=replace, repair=repair)
+    res = ctl.reserve(
+        job,
+        spec,
+        timeout_s=timeout_s,
+        replace=replace,
+        repair=repair,
+        queue=queue,
+        priority=priority,
+    )
     info = res.info
     click.echo(
         f"{job}: {info.state}, epoch {info.epoch}, {node_count(info)} node(s), "
@@ -276,6 +287,55 @@ def release(job, address, all_) -> None:
         )
     else:
         click.echo(f"released {job}" if ctl.release(job) else f"{job}: no such reservation")
+
+
+@cli.command("queue")
+@address_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def queue_cmd(address, as_json) -> None:
+    """Show the queued reservations in admission order: position, priority, how long
+    each has waited, what it asks for, and what it waits for (and whose)."""
+    from clients.render import render_queue
+
+    entries = _connect(address).queue()
+    if as_json:
+        click.echo(json.dumps([msgspec.to_builtins(e) for e in entries]))
+    else:
+        click.echo(render_queue(entries, time.time()))
+
+
+@cli.command()
+@click.argument("queue", required=False)
+@click.argument("limits", nargs=-1)
+@address_option
+@click.option("--clear", is_flag=True, help="Remove QUEUE's quota.")
+def quota(queue, limits, address, clear) -> None:
+    """Show every queue's quota, or set QUEUE's: `placectl quota research GPU=16`.
+    Reservations already placed keep their resources; admissions respect it."""
+    ctl = _connect(address)
+    if queue is None:
+        quotas = ctl.quotas()
+        for name in sorted(quotas):
+            click.echo(
+                f"{name}: " + ", ".join(f"{k}={v:g}" for k, v in sorted(quotas[name].items()))
+            )
+        if not quotas:
+            click.echo("no quotas")
+        return
+    parsed = {}
+    for item in limits:
+        name, sep, value = item.partition("=")
+        try:
+            parsed[name] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            raise click.UsageError(f"quota {item!r}: expected RESOURCE=NUMBER, e.g. GPU=16")
+    if not parsed and not clear:
+        raise click.UsageError("give RESOURCE=NUMBER limits, or --clear")
+    got = ctl.set_quota(queue, **({} if clear else parsed))
+    shown = ", ".join(f"{k}={v:g}" for k, v in sorted(got.items())) or "no quota"
+    click.echo(f"{queue}: {shown}")
 
 
 def _fail(message: str, code: int) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import ray
 
+from clients.queue import QueueClient
 from clients.reservation import Reservation
 from controller import ClusterSpec, PlacementError, load_spec
 from controller.errors import (
@@ -186,7 +187,7 @@ class RayTable:
         return {n for n, up in zip(node_ids, alive, strict=True) if not up}
 
 
-class Controller:
+class Controller(QueueClient):
     """A driver's handle to the controller. Mutations are calls to the actor; reads of a
     reservation go straight to the table in the GCS."""
 
@@ -232,6 +233,8 @@ class Controller:
         replace: bool = False,
         progress: Callable[[str], None] | None = None,
         repair: str = AUTO,
+        queue: str = "",
+        priority: int = 0,
     ) -> Reservation:
         """Reserve ``spec`` (a path, YAML, dict or ClusterSpec) for ``job``.
 
@@ -243,6 +246,9 @@ class Controller:
         Args:
             repair: ``auto`` replaces a lost node's slot at once; ``manual`` leaves the
                 reservation degraded until :meth:`Reservation.repair`.
+            queue, priority: wait in ``queue`` (at ``priority``, higher first) when it
+                does not fit now: nothing is placed until all of it fits; progress says
+                its position and what it waits for; Ctrl-C or the timeout leave the queue.
 
         Raises:
             PlacementError: the configuration does not fit the cluster.
@@ -251,7 +257,7 @@ class Controller:
             ReservationCancelled: a ``release`` of the job (or Ctrl-C) cancelled it.
         """
         spec = spec if isinstance(spec, ClusterSpec) else load_spec(spec)
-        ref = self._actor().reserve.remote(job, spec, timeout_s, replace, repair)
+        ref = self._actor().reserve.remote(job, spec, timeout_s, replace, repair, queue, priority)
         try:
             self._follow(ref, job, progress)
         except KeyboardInterrupt:

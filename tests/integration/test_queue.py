@@ -1,0 +1,80 @@
+"""The queue on a real local cluster: three reservations that do not fit together are
+placed in priority order as others release; a queued one holds no placement group
+(Ray's group table); ``placectl queue`` shows the order, what each waits for and whose
+reservation holds it; a controller restart keeps the queue."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from tests.integration.conftest import (
+    live_groups,
+    one_node,
+    placectl_cli,
+    restart_controller,
+    wait_for,
+)
+
+BOTH = one_node("0-7")  # both GPU nodes
+FIRST = one_node("0-3")  # the first GPU node
+
+
+def _reserve_in_background(ctl, job, spec, priority, out: dict) -> threading.Thread:
+    def run():
+        try:
+            out[job] = ctl.reserve(
+                job, spec, timeout_s=240, queue="team", priority=priority, progress=lambda m: None
+            )
+        except Exception as e:  # the test asserts on it
+            out[job] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _state(ctl, job):
+    try:
+        return ctl.status(job).state
+    except Exception:
+        return None
+
+
+def test_queued_reservations_are_placed_in_priority_order_as_others_release(cluster, ctl):
+    holder = ctl.reserve("holder", BOTH, timeout_s=120)
+    groups_before = set(live_groups())
+    out: dict = {}
+    low = _reserve_in_background(ctl, "low", FIRST, 0, out)
+    wait_for(lambda: _state(ctl, "low") == "queued", timeout=60)
+    high = _reserve_in_background(ctl, "high", FIRST, 5, out)
+    wait_for(lambda: _state(ctl, "high") == "queued", timeout=60)
+
+    # queued: recorded, nothing placed
+    assert set(live_groups()) == groups_before
+    shown = placectl_cli(cluster.address, "queue", "--json")
+    assert shown.returncode == 0, shown.stderr
+    entries = json.loads(shown.stdout)
+    assert [(e["position"], e["job"], e["priority"]) for e in entries] == [
+        (1, "high", 5),
+        (2, "low", 0),
+    ]
+    wait_for(lambda: "held by holder" in (ctl.queue()[0].why or ""), timeout=30)
+    text = placectl_cli(cluster.address, "queue").stdout
+    assert "high" in text and "held by holder" in text and "GPU 4" in text
+
+    # the controller restarts: the queue is in the table, the callers keep waiting
+    restart_controller(ctl)
+    assert [e.job for e in ctl.queue()] == ["high", "low"]
+
+    holder.release()
+    high.join(timeout=180)
+    assert not isinstance(out.get("high"), Exception), out.get("high")
+    assert out["high"].state == "ready" and _state(ctl, "low") == "queued"
+    wait_for(lambda: "held by high" in (ctl.queue()[0].why or ""), timeout=30)
+
+    ctl.release("high")
+    low.join(timeout=180)
+    assert not isinstance(out.get("low"), Exception), out.get("low")
+    assert out["low"].state == "ready" and ctl.queue() == []
+    assert ctl.status("low").queue == "team"
