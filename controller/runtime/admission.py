@@ -238,6 +238,8 @@ class Admitter:
             why = f"waiting for nodes: {view.num_nodes} of {spec.num_nodes} alive"
             return queueing.Entry(**base, queued_at=res.queued_at, why=why)
         floating_groups = [g for g in spec.node_groups if g.floating]
+        # A plan depends on the nodes only (without floating groups), and the live view
+        # is the same object for as long as Ray reports the same nodes.
         cached = self._plans.get((res.job, res.uid))
         if cached is not None and cached[0] is view and not floating_groups:
             return queueing.Entry(**base, queued_at=res.queued_at, needs=cached[1])

@@ -83,8 +83,10 @@ class ClusterNodes:
         alive = {n.node_id for n in infos if n.alive}
         joined = bool(alive - self._alive) and bool(self._info)
         self._alive = alive
-        self._info = {n.node_id: n for n in infos}
-        self._version += 1
+        info = {n.node_id: n for n in infos}
+        if info != self._info:  # unchanged nodes keep their views (and plans made on them)
+            self._info = info
+            self._version += 1
         return joined
 
     def joined(self, node_id: str) -> None:
