@@ -87,6 +87,11 @@ address_option = click.option(
 )
 
 
+force_option = click.option(
+    "--force", is_flag=True, help="Act on another client's reservation (logged by the controller)."
+)
+
+
 def _connect(address: str, start: bool = False):
     import ray
 
@@ -114,12 +119,15 @@ def start(address) -> None:
 @cli.command()
 @address_option
 @click.option("--release-all", is_flag=True, help="Release every reservation first.")
-def stop(address, release_all) -> None:
+@force_option
+def stop(address, release_all, force) -> None:
     """Stop the controller. Reservations stay (a new controller picks them up) unless
-    --release-all."""
+    --release-all (which needs --force: other clients' reservations go too)."""
+    if release_all and not force:
+        raise click.UsageError("--release-all releases other clients' reservations: add --force")
     ctl = _connect(address)
     if release_all:
-        released = ctl.release_all()
+        released = ctl.release_all(force=True)
         click.echo(f"released {len(released)} reservation(s)")
     ctl.stop()
     click.echo("placectl controller stopped")
@@ -199,7 +207,8 @@ def status(job, address, as_json, watch, interval) -> None:
 )
 @click.option("--queue", default="", help="Wait in this queue, placed whole when it fits.")
 @click.option("--priority", type=int, default=0, show_default=True, help="Higher goes first.")
-def reserve(job, config, address, timeout_s, replace, repair, queue, priority) -> None:
+@force_option
+def reserve(job, config, address, timeout_s, replace, repair, queue, priority, force) -> None:
     """Reserve CONFIG's resources for JOB (idempotent). Waits, with progress, until the
     cluster can place it or the timeout passes; Ctrl-C cancels it (and leaves the queue)."""
     from clients.render import node_count
@@ -214,6 +223,7 @@ def reserve(job, config, address, timeout_s, replace, repair, queue, priority) -
         repair=repair,
         queue=queue,
         priority=priority,
+        force=force,
     )
     info = res.info
     click.echo(
@@ -229,14 +239,16 @@ def reserve(job, config, address, timeout_s, replace, repair, queue, priority) -
 @address_option
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True)
 @click.option("--plan", "dry_run", is_flag=True, help="Only show what would change.")
-def apply(job, config, address, timeout_s, dry_run) -> None:
+@force_option
+def apply(job, config, address, timeout_s, dry_run, force) -> None:
     """Give the live reservation JOB the configuration CONFIG, touching only what
     changes: unchanged slots and ranks stay, the rest is made or removed. All or
     nothing. --plan shows, per component, the ranks that stay, move, start and stop."""
     from clients.render import render_apply
 
     spec = load_spec(config)
-    click.echo(render_apply(_connect(address).apply(job, spec, timeout_s=timeout_s, plan=dry_run)))
+    summary = _connect(address).apply(job, spec, timeout_s=timeout_s, plan=dry_run, force=force)
+    click.echo(render_apply(summary))
 
 
 @cli.command()
@@ -247,14 +259,15 @@ def apply(job, config, address, timeout_s, dry_run) -> None:
 @address_option
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True)
 @click.option("--plan", "dry_run", is_flag=True, help="Only show what would change.")
-def resize(job, component, placement, node_group, address, timeout_s, dry_run) -> None:
+@force_option
+def resize(job, component, placement, node_group, address, timeout_s, dry_run, force) -> None:
     """Place COMPONENT of JOB anew: a new PLACEMENT string (rollout 0-7 -> 0-15),
     --node-group to move it, or both; an apply of one component."""
     from clients.render import render_apply
 
     groups = list(node_group) or None
     summary = _connect(address).resize(
-        job, component, placement, groups, timeout_s=timeout_s, plan=dry_run
+        job, component, placement, groups, timeout_s=timeout_s, plan=dry_run, force=force
     )
     click.echo(render_apply(summary))
 
@@ -262,10 +275,11 @@ def resize(job, component, placement, node_group, address, timeout_s, dry_run) -
 @cli.command()
 @click.argument("job")
 @address_option
-def repair(job, address) -> None:
+@force_option
+def repair(job, address, force) -> None:
     """Replace JOB's lost node slots now (reservations made with --repair manual wait
     for this)."""
-    info = _connect(address).repair(job)
+    info = _connect(address).repair(job, force=force)
     click.echo(
         f"{job}: {info.state}, epoch {info.epoch}" + (f" ({info.reason})" if info.reason else "")
     )
@@ -274,19 +288,24 @@ def repair(job, address) -> None:
 @cli.command()
 @click.argument("job", required=False)
 @address_option
-@click.option("--all", "all_", is_flag=True, help="Release every reservation.")
-def release(job, address, all_) -> None:
-    """Release JOB's reservation (idempotent), or every one with --all."""
+@click.option("--all", "all_", is_flag=True, help="Release every reservation (needs --force).")
+@force_option
+def release(job, address, all_, force) -> None:
+    """Release JOB's reservation (idempotent), or every one with --all --force. Another
+    client's reservation needs --force."""
     if bool(job) == all_:
         raise click.UsageError("give either JOB or --all")
+    if all_ and not force:
+        raise click.UsageError("--all releases other clients' reservations too: add --force")
     ctl = _connect(address)
     if all_:
-        done = ctl.release_all()
+        done = ctl.release_all(force=True)
         click.echo(
             f"released {len(done)} reservation(s)" + (f": {', '.join(done)}" if done else "")
         )
     else:
-        click.echo(f"released {job}" if ctl.release(job) else f"{job}: no such reservation")
+        gone = ctl.release(job, force=force)
+        click.echo(f"released {job}" if gone else f"{job}: no such reservation")
 
 
 @cli.command("queue")

@@ -153,12 +153,12 @@ class Reservation:
             self._blocks[component] = self._load(component)
         return self._blocks[component]
 
-    def release(self) -> bool:
-        return self.controller.release(self.job)
+    def release(self, force: bool = False) -> bool:
+        return self.controller.release(self.job, force=force)
 
-    def repair(self) -> ReservationInfo:
+    def repair(self, force: bool = False) -> ReservationInfo:
         """Replace lost slots now (the ``manual`` repair policy waits for this)."""
-        self.controller.repair(self.job)
+        self.controller.repair(self.job, force=force)
         return self.refresh()
 
     def lease_ports(
@@ -179,13 +179,13 @@ class Reservation:
         :meth:`release_ports`.
         """
         request_id = None if name is not None else uuid.uuid4().hex
-        return self.controller.call(
-            "lease_ports", self.job, component, rank, count, consecutive, name, request_id
-        )
+        args = (self.job, component, rank, count, consecutive, name, request_id)
+        return self.controller.call("lease_ports", *args, token=self.controller.token)
 
     def release_ports(self, ports: list[int]) -> int:
         """End the leases holding any of ``ports``; master ports stay."""
-        return self.controller.call("release_ports", self.job, list(ports))
+        token = self.controller.token
+        return self.controller.call("release_ports", self.job, list(ports), token=token)
 
     def wait_ready(
         self,

@@ -9,6 +9,8 @@ from typing import Any
 import msgspec
 import ray
 
+from clients.changes import ChangeClient, unwrap
+from clients.owner_token import resolve_token
 from clients.queue import QueueClient
 from clients.reservation import Reservation
 from controller import ClusterSpec, PlacementError, load_spec
@@ -20,7 +22,6 @@ from controller.errors import (
 from controller.runtime import gcs_wait
 from controller.runtime.io import HEAD_RESOURCE
 from controller.runtime.ray_io import gcs_unavailable
-from controller.state.change import ApplySummary
 from controller.state.published import ComponentBlock
 from controller.state.records import AUTO, ReservationRecord
 from controller.state.requests import check_job
@@ -46,18 +47,6 @@ DEFAULT_NAMESPACE = "placectl"
 MIN_RAY = (2, 60)
 _INFO = msgspec.msgpack.Decoder(ReservationInfo)
 _INFOS = msgspec.msgpack.Decoder(list[ReservationInfo])
-_SUMMARY = msgspec.msgpack.Decoder(ApplySummary)
-
-
-def _unwrap(fn: Callable[[], Any]) -> Any:
-    """Run a Ray call; a PlacementError raised in the controller re-raises as itself."""
-    try:
-        return fn()
-    except ray.exceptions.RayTaskError as e:
-        cause = getattr(e, "cause", None)
-        if isinstance(cause, PlacementError):
-            raise cause from None
-        raise
 
 
 def check_ray_version(version: str) -> None:
@@ -78,6 +67,7 @@ def connect(
     start: bool = True,
     name: str = DEFAULT_NAME,
     namespace: str = DEFAULT_NAMESPACE,
+    token: str | None = None,
 ) -> Controller:
     """Attach to the cluster's controller, starting it if needed.
 
@@ -89,6 +79,9 @@ def connect(
             once get the same one. It is pinned to the head node with a sliver of the
             head's own resource, so a restart brings it back there.
         name, namespace: the controller actor's name and namespace.
+        token: the owner token of the reservations this client creates and changes
+            (default: ``PLACECTL_TOKEN``, else the user's token file; see
+            :mod:`clients.owner_token`).
 
     Returns:
         A handle; it works from any Ray namespace.
@@ -126,7 +119,7 @@ def connect(
             .remote(name)
         )
         created = True
-    ctl = Controller(handle, name, namespace)
+    ctl = Controller(handle, name, namespace, token=token)
     if created:
         ctl.check_alive()  # surface a controller that cannot start, here and now
     return ctl
@@ -187,7 +180,7 @@ class RayTable:
         return {n for n, up in zip(node_ids, alive, strict=True) if not up}
 
 
-class Controller(QueueClient):
+class Controller(ChangeClient, QueueClient):
     """A driver's handle to the controller. Mutations are calls to the actor; reads of a
     reservation go straight to the table in the GCS."""
 
@@ -197,11 +190,20 @@ class Controller(QueueClient):
         name: str = DEFAULT_NAME,
         namespace: str = DEFAULT_NAMESPACE,
         table: Any = None,
+        token: str | None = None,
     ):
         self.handle = handle
         self.name = name
         self.namespace = namespace
         self._table = table if table is not None else RayTable(name)
+        self._token = token
+
+    @property
+    def token(self) -> str:
+        """The owner token this client sends with every change (resolved on first use)."""
+        if not self._token:
+            self._token = resolve_token()
+        return self._token
 
     def _actor(self) -> Any:
         """The controller actor's handle, looked up on first use by a Controller made
@@ -210,11 +212,11 @@ class Controller(QueueClient):
             self.handle = ray.get_actor(self.name, namespace=self.namespace)
         return self.handle
 
-    def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+    def call(self, method: str, *args: Any, timeout: float | None = None, **kw: Any) -> Any:
         """Call one of the controller actor's methods and wait; a PlacementError it
         raises is raised here as itself."""
-        ref = getattr(self._actor(), method).remote(*args)
-        return _unwrap(lambda: ray.get(ref, timeout=timeout))
+        ref = getattr(self._actor(), method).remote(*args, **kw)
+        return unwrap(lambda: ray.get(ref, timeout=timeout))
 
     def check_alive(self) -> str:
         """Round-trip to the controller; returns its incarnation id (new on each restart)."""
@@ -235,6 +237,7 @@ class Controller(QueueClient):
         repair: str = AUTO,
         queue: str = "",
         priority: int = 0,
+        force: bool = False,
     ) -> Reservation:
         """Reserve ``spec`` (a path, YAML, dict or ClusterSpec) for ``job``.
 
@@ -249,6 +252,7 @@ class Controller(QueueClient):
             queue, priority: wait in ``queue`` (at ``priority``, higher first) when it
                 does not fit now: nothing is placed until all of it fits; progress says
                 its position and what it waits for; Ctrl-C or the timeout leave the queue.
+            force: replace (``replace=True``) a reservation another client owns.
 
         Raises:
             PlacementError: the configuration does not fit the cluster.
@@ -257,13 +261,15 @@ class Controller(QueueClient):
             ReservationCancelled: a ``release`` of the job (or Ctrl-C) cancelled it.
         """
         spec = spec if isinstance(spec, ClusterSpec) else load_spec(spec)
-        ref = self._actor().reserve.remote(job, spec, timeout_s, replace, repair, queue, priority)
+        ref = self._actor().reserve.remote(
+            job, spec, timeout_s, replace, repair, queue, priority, self.token, force
+        )
         try:
             self._follow(ref, job, progress)
         except KeyboardInterrupt:
             ray.get(self.handle.cancel.remote(job), timeout=60)
             raise
-        info = _INFO.decode(_unwrap(lambda: ray.get(ref)))
+        info = _INFO.decode(unwrap(lambda: ray.get(ref)))
         return Reservation(self, info)
 
     def _follow(self, ref, job: str, progress: Callable[[str], None] | None) -> None:
@@ -279,49 +285,6 @@ class Controller(QueueClient):
             if message and message != last:
                 say(message)
                 last = message
-
-    def apply(
-        self,
-        job: str,
-        spec: Any,
-        timeout_s: float = 300.0,
-        plan: bool = False,
-        progress: Callable[[str], None] | None = None,
-    ) -> ApplySummary:
-        """Give the live reservation ``job`` a new configuration, touching only what
-        changes (see ``PlacementController.apply``); then bring running worker groups
-        along with :meth:`WorkerGroup.sync`.
-
-        Args:
-            plan: only say what would change (per component: the ranks that stay, move,
-                start and stop); nothing is changed.
-
-        Returns:
-            What changed (or would), per component and slot.
-
-        Raises:
-            ReservationError: the reservation is not ready, or the new slots could not
-                be placed in time (then nothing changed).
-            PlacementError: the configuration is invalid or does not fit the cluster.
-        """
-        spec = spec if isinstance(spec, ClusterSpec) else load_spec(spec)
-        ref = self._actor().apply.remote(job, spec, timeout_s, plan)
-        self._follow(ref, job, progress)
-        return _SUMMARY.decode(_unwrap(lambda: ray.get(ref)))
-
-    def resize(
-        self,
-        job: str,
-        component: str,
-        placement: str | None = None,
-        node_group: str | list[str] | None = None,
-        timeout_s: float = 300.0,
-        plan: bool = False,
-    ) -> ApplySummary:
-        """:meth:`apply` with one component placed anew: a new placement string
-        (``resize(job, "rollout", "0-15")``), other node groups (a move), or both."""
-        data = self.call("resize", job, component, placement, node_group, timeout_s, plan)
-        return _SUMMARY.decode(data)
 
     def reservation(self, job: str) -> Reservation:
         """Attach to an existing reservation.
@@ -379,17 +342,19 @@ class Controller(QueueClient):
     def list(self) -> list[ReservationInfo]:
         return _INFOS.decode(self.call("list"))
 
-    def release(self, job: str) -> bool:
+    def release(self, job: str, force: bool = False) -> bool:
         """Release ``job`` (cancelling a reserve of it in progress); True if it existed.
-        Returns once Ray reports every group gone. Idempotent."""
-        return self.call("release", job)
+        Returns once Ray reports every group gone. Idempotent. Another client's
+        reservation needs ``force``."""
+        return self.call("release", job, self.token, force)
 
-    def release_all(self) -> list[str]:
-        return self.call("release_all")
+    def release_all(self, force: bool = False) -> list[str]:
+        """Release this client's reservations (everyone's with ``force``)."""
+        return self.call("release_all", self.token, force)
 
-    def repair(self, job: str) -> ReservationInfo:
+    def repair(self, job: str, force: bool = False) -> ReservationInfo:
         """Replace the lost slots of ``job`` now (see ``repair="manual"``)."""
-        return _INFO.decode(self.call("repair", job))
+        return _INFO.decode(self.call("repair", job, self.token, force))
 
     def stop(self) -> None:
         """Kill the controller actor. Reservations and their groups stay; a new

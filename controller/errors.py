@@ -74,3 +74,7 @@ class ClusterUnavailable(ReservationError):
 class ReservationInfeasible(ReservationError):
     """The reservation asks a node for more than the node has in total: it can never be
     placed, so it is refused at once instead of waiting for its timeout."""
+
+
+class NotOwner(ReservationError):
+    """A change to a reservation by a caller without its owner's token (and no force)."""

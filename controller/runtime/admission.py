@@ -151,7 +151,7 @@ class Admitter:
         self.wake()
 
     async def enqueue(
-        self, job: str, spec, policy: str, queue: str, priority: int
+        self, job: str, spec, policy: str, queue: str, priority: int, owner: str = ""
     ) -> ReservationRecord:
         """Record ``job`` queued (nothing is placed). What could never fit the cluster
         as it is is refused first, naming what is missing, and nothing is written."""
@@ -174,6 +174,7 @@ class Admitter:
             queue=queue,
             priority=priority,
             queued_at=now,
+            owner=owner,
         )
         await self._state.commit(record)
         log.info("queued %r in %r at priority %d", job, queue, priority)

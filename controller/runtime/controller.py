@@ -25,6 +25,7 @@ import msgspec
 from controller.errors import PlacementError, ReservationError, TableUnreadable
 from controller.runtime.admission import Admitter
 from controller.runtime.applying import Applier
+from controller.runtime.change_calls import ChangeCalls
 from controller.runtime.checks import Checker
 from controller.runtime.diagnostics import DiagnosticCalls
 from controller.runtime.incarnation import FAULT_STEPS, Incarnation, SimulatedCrash
@@ -41,6 +42,7 @@ from controller.runtime.settings import Settings
 from controller.runtime.state import ReservationState
 from controller.runtime.store import Store
 from controller.state import requests
+from controller.state.owners import owner_hash, owns
 from controller.state.records import AUTO, GROUP_PREFIX, ReservationRecord
 from controller.state.requests import check_flag, check_job, check_policy, check_timeout
 from controller.state.status import summarize
@@ -54,7 +56,7 @@ RECOVERY_WAIT_S = 60.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
 
-class PlacementController(QueueCalls, DiagnosticCalls):
+class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
     """Owns every placectl reservation of a cluster.
 
     Fault-tolerance contract:
@@ -238,9 +240,12 @@ class PlacementController(QueueCalls, DiagnosticCalls):
         repair: str = AUTO,
         queue: str = "",
         priority: int = 0,
+        token: str = "",
+        force: bool = False,
     ) -> bytes:
         """Reserve the resources of ``spec`` for ``job`` (in ``queue`` at ``priority``,
-        if given); returns the encoded status (see :meth:`Reserver.reserve`)."""
+        if given), owned by ``token``'s holder; returns the encoded status (see
+        :meth:`Reserver.reserve`). Replacing another's spec needs its token or ``force``."""
         await self._ready()
         job = check_job(job)
         spec = requests.coerce_spec(spec)
@@ -248,7 +253,11 @@ class PlacementController(QueueCalls, DiagnosticCalls):
         check_flag(replace, "replace")
         policy = check_policy(repair)
         queue, priority = requests.check_queue(queue), requests.check_priority(priority)
-        res = await self._reserver.reserve(job, spec, timeout, replace, policy, queue, priority)
+        if replace:
+            self._owns(job, token, force, "replace")
+        res = await self._reserver.reserve(
+            job, spec, timeout, replace, policy, queue, priority, owner_hash(token)
+        )
         return self._status_bytes(res)
 
     async def cancel(self, job: str) -> bool:
@@ -256,78 +265,21 @@ class PlacementController(QueueCalls, DiagnosticCalls):
         await self._ready()
         return await self._reserver.cancel(check_job(job))
 
-    async def release(self, job: str) -> bool:
+    async def release(self, job: str, token: str = "", force: bool = False) -> bool:
         """Remove ``job``'s reservation; True if there was one (see :meth:`Reserver.release`)."""
         await self._ready()
-        return await self._reserver.release(check_job(job))
+        self._owns(check_job(job), token, check_flag(force, "force"), "release")
+        return await self._reserver.release(job)
 
-    async def release_all(self) -> list[str]:
-        """Release every reservation; returns the jobs released."""
+    async def release_all(self, token: str = "", force: bool = False) -> list[str]:
+        """Release every reservation the caller owns (every one with ``force``); returns
+        the jobs released."""
         await self._ready()
-        return await self._reserver.release_all()
-
-    async def apply(
-        self, job: str, spec: Any, timeout_s: float = 300.0, dry_run: bool = False
-    ) -> bytes:
-        """Give the live reservation ``job`` the configuration ``spec``, touching only
-        what changes; returns the encoded :class:`ApplySummary` (see :meth:`Applier.apply`
-        for what it keeps and what it raises)."""
-        await self._ready()
-        job = check_job(job)
-        spec = requests.coerce_spec(spec)
-        timeout = check_timeout(timeout_s)
-        check_flag(dry_run, "dry_run")
-        return msgspec.msgpack.encode(await self._applier.apply(job, spec, timeout, dry_run))
-
-    async def resize(
-        self,
-        job: str,
-        component: str,
-        placement: str | None = None,
-        node_group: str | list[str] | None = None,
-        timeout_s: float = 300.0,
-        dry_run: bool = False,
-    ) -> bytes:
-        """:meth:`apply` with one component placed anew (see :meth:`Applier.resize`)."""
-        await self._ready()
-        job = check_job(job)
-        timeout = check_timeout(timeout_s)
-        check_flag(dry_run, "dry_run")
-        summary = await self._applier.resize(
-            job, component, placement, node_group, timeout, dry_run
-        )
-        return msgspec.msgpack.encode(summary)
-
-    async def repair(self, job: str) -> bytes:
-        """Replace the broken slots of a degraded reservation now, whatever its repair
-        policy; returns its status (still degraded, with the reason, if it could not)."""
-        await self._ready()
-        await self._repairer.repair(check_job(job))
-        return self._status_bytes(self._state.require(job))
-
-    async def lease_ports(
-        self,
-        job: str,
-        component: str,
-        rank: int = 0,
-        count: int = 1,
-        consecutive: bool = True,
-        name: str | None = None,
-        request_id: str | None = None,
-    ) -> list[int]:
-        """Lease ``count`` ports on the node of ``component``'s ``rank`` (see
-        :meth:`Leaser.lease_ports`)."""
-        await self._ready()
-        check_job(job)
-        return await self._leaser.lease_ports(
-            job, component, rank, count, consecutive, name, request_id
-        )
-
-    async def release_ports(self, job: str, ports: list[int]) -> int:
-        """End the leases holding any of ``ports``; returns how many."""
-        await self._ready()
-        check_job(job)
-        return await self._leaser.release_ports(job, ports)
+        check_flag(force, "force")
+        jobs = [j for j, r in self._state.records.items() if force or owns(r, token)]
+        if force:
+            log.warning("release of every reservation forced (%d)", len(jobs))
+        return [j for j in sorted(jobs) if await self._reserver.release(j)]
 
     # ------------------------------------------------------------ reads
     def _status_bytes(self, res: ReservationRecord) -> bytes:

@@ -101,6 +101,7 @@ class Reserver:
         policy: str,
         queue: str = "",
         priority: int = 0,
+        owner: str = "",
     ) -> ReservationRecord:
         """Reserve ``spec`` for ``job`` (arguments checked by the caller); its record.
 
@@ -143,8 +144,10 @@ class Reserver:
                     await self.release_locked(job)
                 queued = None
                 if queue:
-                    queued = await self._queue().enqueue(job, spec, policy, queue, priority)
-                return await self._reserve_locked(job, spec, started, timeout, policy, queued)
+                    queued = await self._queue().enqueue(job, spec, policy, queue, priority, owner)
+                return await self._reserve_locked(
+                    job, spec, started, timeout, policy, queued, owner
+                )
         # The same spec, degraded under the auto policy: repaired before it is returned.
         return await self._repairer.repair_until(job, started + timeout)
 
@@ -156,12 +159,13 @@ class Reserver:
         timeout: float,
         policy: str,
         queued: ReservationRecord | None = None,
+        owner: str = "",
     ) -> ReservationRecord:
         self._reserving[job] = asyncio.current_task()
         try:
             if queued is not None:
                 await self._queue().wait_turn(queued, started + timeout)
-            res = await self._create(job, spec, started + timeout, policy, queued)
+            res = await self._create(job, spec, started + timeout, policy, queued, owner)
         except asyncio.CancelledError:
             if self._incarnation.dead:
                 raise
@@ -248,6 +252,7 @@ class Reserver:
         deadline: float,
         policy: str,
         queued: ReservationRecord | None = None,
+        owner: str = "",
     ) -> ReservationRecord:
         entered = time.monotonic()
         view = await self._wait_for_nodes(job, spec, deadline)
@@ -276,6 +281,7 @@ class Reserver:
             queue=queued.queue if queued else "",
             priority=queued.priority if queued else 0,
             queued_at=queued.queued_at if queued else 0.0,
+            owner=queued.owner if queued else owner,
         )
         groups.refuse_if_it_never_fits(self._nodes, f"reservation {job!r}", record.slots)
         stored = StoredPlan(job=job, uid=uid, epoch=epoch, plan=plan)
@@ -386,11 +392,3 @@ class Reserver:
             task.cancel()
         async with self._locks.job(job):
             return await self.release_locked(job) or task is not None
-
-    async def release_all(self) -> list[str]:
-        """Release every reservation; returns the jobs released."""
-        done = []
-        for job in sorted(self._state.records):
-            if await self.release(job):
-                done.append(job)
-        return done

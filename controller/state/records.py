@@ -119,6 +119,8 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
         queue, priority, queued_at: the queue a reservation was asked for in (``""``:
             none), its priority there (higher first) and when it joined (wall clock,
             first come first served within a priority). Kept once admitted.
+        owner: a hash of the creating client's token; "" when anyone may change it
+            (see :mod:`controller.state.owners`).
     """
 
     v: int = SCHEMA_VERSION
@@ -139,6 +141,7 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
     queue: str = ""
     priority: int = 0
     queued_at: float = 0.0
+    owner: str = ""
 
     def master_port(self, component: str) -> int | None:
         for lease in self.leases:

@@ -101,3 +101,10 @@ def check_quota(limits: object) -> dict[str, float]:
             raise ReservationError(f"quota {k}={v!r}: expected a number >= 0")
         out[k] = float(v)
     return out
+
+
+def check_token(token: object) -> str:
+    """An owner token: a string of at most 256 characters ("" for none)."""
+    if not isinstance(token, str) or len(token) > 256:
+        raise ReservationError("token: expected a string of at most 256 characters")
+    return token

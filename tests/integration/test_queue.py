@@ -6,8 +6,15 @@ reservation holds it; a controller restart keeps the queue."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 
+import pytest
+
+import clients
+from controller.errors import NotOwner
 from tests.integration.conftest import (
     live_groups,
     one_node,
@@ -78,3 +85,19 @@ def test_queued_reservations_are_placed_in_priority_order_as_others_release(clus
     assert not isinstance(out.get("low"), Exception), out.get("low")
     assert out["low"].state == "ready" and ctl.queue() == []
     assert ctl.status("low").queue == "team"
+
+
+def test_another_clients_change_is_refused_unless_forced(cluster, ctl):
+    ctl.reserve("mine", FIRST, timeout_s=120)
+    other = clients.connect(token="someone-else")
+    assert other.reservation("mine").state == "ready"  # reading and attaching are open
+    with pytest.raises(NotOwner, match="reserved by another client"):
+        other.release("mine")
+    env = dict(os.environ, PLACECTL_TOKEN="someone-else")
+    cli = [sys.executable, "-m", "clients.cli", "release", "mine", "--address", cluster.address]
+    refused = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--force" in refused.stderr
+    assert ctl.status("mine").state == "ready"
+    forced = subprocess.run([*cli, "--force"], env=env, capture_output=True, text=True, timeout=120)
+    assert forced.returncode == 0 and "released mine" in forced.stdout
+    assert ctl.list() == []
