@@ -13,6 +13,8 @@ _LAZY = {
     "Reservation": "clients.reservation",
     "WorkerGroup": "clients.workers",
     "current": "clients.inside",
+    "preempt_deadline": "clients.inside",
+    "NotOwner": "controller.errors",
     "PlacementError": "controller.errors",
     "ReservationError": "controller.errors",
     "ReservationTimeout": "controller.errors",

@@ -207,8 +207,11 @@ def status(job, address, as_json, watch, interval) -> None:
 )
 @click.option("--queue", default="", help="Wait in this queue, placed whole when it fits.")
 @click.option("--priority", type=int, default=0, show_default=True, help="Higher goes first.")
+@click.option("--preemptible", is_flag=True, help="May be taken back for higher priority.")
 @force_option
-def reserve(job, config, address, timeout_s, replace, repair, queue, priority, force) -> None:
+def reserve(
+    job, config, address, timeout_s, replace, repair, queue, priority, preemptible, force
+) -> None:
     """Reserve CONFIG's resources for JOB (idempotent). Waits, with progress, until the
     cluster can place it or the timeout passes; Ctrl-C cancels it (and leaves the queue)."""
     from clients.render import node_count
@@ -224,6 +227,7 @@ def reserve(job, config, address, timeout_s, replace, repair, queue, priority, f
         queue=queue,
         priority=priority,
         force=force,
+        preemptible=preemptible,
     )
     info = res.info
     click.echo(

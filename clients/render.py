@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from controller import ComponentPlacement
 from controller.planning.node_groups import ACCELERATOR, HARDWARE
 from controller.planning.ranks import format_ranks
@@ -182,9 +184,13 @@ def render_reservation(info, assignments: dict[str, list]) -> str:
                 cols = ["node"]
             for col in cols:
                 cells.setdefault((p.node_rank, col), {}).setdefault(name, []).append(p.rank)
+    preempting = ""
+    if info.preempting:
+        at = time.strftime("%H:%M:%S", time.localtime(info.preempt_at))
+        preempting = f", preempting: released at {at}"
     out = [
-        f"{info.job}: {info.state}, epoch {info.epoch}, {node_count(info)} node(s), "
-        f"{info.num_accelerators} {acc}" + (f" ({info.reason})" if info.reason else "")
+        f"{info.job}: {info.state}{preempting}, epoch {info.epoch}, {node_count(info)} "
+        f"node(s), {info.num_accelerators} {acc}" + (f" ({info.reason})" if info.reason else "")
     ]
     for nr in sorted(on_node):
         slot = on_node[nr][0]

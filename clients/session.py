@@ -238,6 +238,8 @@ class Controller(ChangeClient, QueueClient):
         queue: str = "",
         priority: int = 0,
         force: bool = False,
+        preemptible: bool = False,
+        preempt_grace_s: float = 0.0,
     ) -> Reservation:
         """Reserve ``spec`` (a path, YAML, dict or ClusterSpec) for ``job``.
 
@@ -253,6 +255,10 @@ class Controller(ChangeClient, QueueClient):
                 does not fit now: nothing is placed until all of it fits; progress says
                 its position and what it waits for; Ctrl-C or the timeout leave the queue.
             force: replace (``replace=True``) a reservation another client owns.
+            preemptible: a queued reservation of higher priority may take it back: its
+                ``info.preempt_at`` (and ``clients.preempt_deadline()`` in its workers)
+                then says when it is released: ``preempt_grace_s`` after it was chosen
+                (default: the controller's, 60 s), time to checkpoint.
 
         Raises:
             PlacementError: the configuration does not fit the cluster.
@@ -262,7 +268,17 @@ class Controller(ChangeClient, QueueClient):
         """
         spec = spec if isinstance(spec, ClusterSpec) else load_spec(spec)
         ref = self._actor().reserve.remote(
-            job, spec, timeout_s, replace, repair, queue, priority, self.token, force
+            job,
+            spec,
+            timeout_s,
+            replace,
+            repair,
+            queue,
+            priority,
+            self.token,
+            force,
+            preemptible,
+            preempt_grace_s,
         )
         try:
             self._follow(ref, job, progress)

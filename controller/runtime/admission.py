@@ -44,6 +44,8 @@ class Admitter:
             controller restart), given its job name.
         poke: wakes the controller's loop, which runs :meth:`tick`.
         dead: whether this controller incarnation has ended (tests' crashes).
+        release: releases a reservation (a preempted one, at its deadline).
+        grace: how long a preempted reservation keeps running before it is released.
     """
 
     def __init__(
@@ -56,6 +58,8 @@ class Admitter:
         place: Callable[[str], Awaitable[None]],
         poke: Callable[[], None] = lambda: None,
         dead: Callable[[], bool] = lambda: False,
+        release: Callable[[str], Awaitable[bool]] | None = None,
+        grace: float = 60.0,
     ) -> None:
         self._io = io
         self._state = state
@@ -64,8 +68,11 @@ class Admitter:
         self._prefix = prefix
         self._place = place
         self._placing: set[asyncio.Task] = set()
+        self._releasing: set[str] = set()
         self._poke = poke
         self._dead = dead
+        self._release = release
+        self._grace = grace
         self._waiters: dict[str, asyncio.Event] = {}
         self._admitted: dict[str, dict[str, dict[str, float]]] = {}  # not yet placed
         self._plans: dict[tuple[str, str], tuple[object, dict]] = {}  # (job, uid) -> view, needs
@@ -97,7 +104,12 @@ class Admitter:
         return self.last_decision.waiting.get(job)
 
     async def tick(self) -> None:
-        """Run a pass if something changed or the recheck period passed."""
+        """Release preempted reservations whose deadline passed; run a pass if something
+        changed or the recheck period passed."""
+        now = time.time()
+        for res in list(self._state.records.values()):
+            if res.preempt_at and res.preempt_at <= now and self._release is not None:
+                self._spawn(self._release_preempted(res.job))
         if not any(r.state == QUEUED for r in self._state.records.values()):
             return
         if self._dirty or time.monotonic() - self._last >= RECHECK_PERIOD_S:
@@ -124,6 +136,7 @@ class Admitter:
             used=self._used(),
             name=self._name,
             holders=lambda node_id: self._state.jobs_on(node_id),
+            holdings=self._holdings(),
         )
         self.last_pass_s = time.perf_counter() - started
         self.last_decision = decision
@@ -135,12 +148,62 @@ class Admitter:
             if waiter is not None:
                 waiter.set()
             else:
-                task = asyncio.get_running_loop().create_task(self._place(job))
-                self._placing.add(task)
-                task.add_done_callback(self._placing.discard)
+                self._spawn(self._place(job))
+        for job, waiter in decision.preempt.items():
+            await self._preempt(job, waiter)
         for job, (pos, why) in decision.waiting.items():
             self._progress.say(job, f"queued: position {pos} of {len(records)}: {why}")
         return decision
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._placing.add(task)
+        task.add_done_callback(self._placing.discard)
+
+    async def _preempt(self, job: str, waiter: str) -> None:
+        """Give a preemptible reservation its deadline (written to the table, where its
+        drivers and workers read it)."""
+        res = self._state.get(job)
+        if res is None or res.preempt_at or not res.preemptible:
+            return
+        grace = res.preempt_grace or self._grace
+        deadline = time.time() + grace
+        at = time.strftime("%H:%M:%S", time.localtime(deadline))
+        reason = f"preempted for {waiter!r}: released at {at}"
+        await self._state.commit(msgspec.structs.replace(res, preempt_at=deadline, reason=reason))
+        log.warning("preempting %r for %r: released in %.0fs", job, waiter, grace)
+
+    async def _release_preempted(self, job: str) -> None:
+        res = self._state.get(job)
+        if res is None or not res.preempt_at or job in self._releasing:
+            return
+        self._releasing.add(job)
+        try:
+            await self._release(job)
+            log.warning("released preempted reservation %r", job)
+        except Exception as e:
+            log.warning("releasing preempted %r failed: %s; retrying", job, e)
+        finally:
+            self._releasing.discard(job)
+            self.wake()
+
+    def _holdings(self) -> list[queueing.Holding]:
+        """The placed reservations, as preemption sees them."""
+        out = []
+        for res in self._state.records.values():
+            if res.state == QUEUED or not res.slots:
+                continue
+            needs = queueing.needs_by_node((s.node_id, s.need()) for s in res.slots)
+            out.append(
+                queueing.Holding(
+                    job=res.job,
+                    priority=res.priority,
+                    preemptible=res.preemptible,
+                    needs=needs,
+                    leaving=bool(res.preempt_at),
+                )
+            )
+        return out
 
     def done(self, job: str) -> None:
         """A reservation admitted (or cancelled) finished placing: its resources now
@@ -151,7 +214,7 @@ class Admitter:
         self.wake()
 
     async def enqueue(
-        self, job: str, spec, policy: str, queue: str, priority: int, owner: str = ""
+        self, job: str, spec, policy: str, terms: queueing.Terms
     ) -> ReservationRecord:
         """Record ``job`` queued (nothing is placed). What could never fit the cluster
         as it is is refused first, naming what is missing, and nothing is written."""
@@ -168,31 +231,30 @@ class Admitter:
             epoch=self._state.epoch(job),
             spec=spec,
             state=QUEUED,
-            reason=f"queued in {queue!r}",
+            reason=f"queued in {terms.queue!r}",
             repair=policy,
             created_at=now,
-            queue=queue,
-            priority=priority,
             queued_at=now,
-            owner=owner,
+            **msgspec.structs.asdict(terms),
         )
         await self._state.commit(record)
-        log.info("queued %r in %r at priority %d", job, queue, priority)
+        log.info("queued %r in %r at priority %d", job, terms.queue, terms.priority)
         self.wake()
         return record
 
     async def rejoin(
-        self, queued: ReservationRecord, spec, queue: str, priority: int
+        self, queued: ReservationRecord, spec, terms: queueing.Terms
     ) -> ReservationRecord | None:
         """A ``reserve`` of a job already queued: with the same spec it waits in the same
-        place (its queue and priority updated if asked); with another, the old entry
-        leaves the queue and None is returned."""
+        place (its queue, priority and preemptibility updated if asked; its owner kept);
+        with another, the old entry leaves the queue and None is returned."""
         if queued.spec != spec:
             await self._state.forget(queued.job)
             return None
-        if (queued.queue, queued.priority) != (queue or queued.queue, priority):
-            queue = queue or queued.queue
-            queued = msgspec.structs.replace(queued, queue=queue, priority=priority)
+        asked = {"queue": terms.queue or queued.queue, "priority": terms.priority}
+        asked["preemptible"] = terms.preemptible
+        if any(getattr(queued, k) != v for k, v in asked.items()):
+            queued = msgspec.structs.replace(queued, **asked)
             await self._state.commit(queued)
         return queued
 

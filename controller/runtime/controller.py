@@ -43,6 +43,7 @@ from controller.runtime.state import ReservationState
 from controller.runtime.store import Store
 from controller.state import requests
 from controller.state.owners import owner_hash, owns
+from controller.state.queueing import Terms
 from controller.state.records import AUTO, GROUP_PREFIX, ReservationRecord
 from controller.state.requests import check_flag, check_job, check_policy, check_timeout
 from controller.state.status import summarize
@@ -137,7 +138,16 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
         rp = self._repairer
         self._reserver = Reserver(io, st, nd, lk, ck, ls, rp, pg, inc, cfg, prefix)
         self._admitter = Admitter(
-            io, st, nd, pg, prefix, self._reserver.place_admitted, ck.wake, lambda: inc.dead
+            io,
+            st,
+            nd,
+            pg,
+            prefix,
+            self._reserver.place_admitted,
+            ck.wake,
+            lambda: inc.dead,
+            self._reserver.release,
+            cfg.preempt_grace,
         )
         self._reserver.admitter = self._admitter
         self._applier = Applier(io, st, nd, lk, ck, ls, pg, inc, cfg, prefix)
@@ -242,6 +252,8 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
         priority: int = 0,
         token: str = "",
         force: bool = False,
+        preemptible: bool = False,
+        preempt_grace_s: float = 0.0,
     ) -> bytes:
         """Reserve the resources of ``spec`` for ``job`` (in ``queue`` at ``priority``,
         if given), owned by ``token``'s holder; returns the encoded status (see
@@ -255,9 +267,16 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
         queue, priority = requests.check_queue(queue), requests.check_priority(priority)
         if replace:
             self._owns(job, token, force, "replace")
-        res = await self._reserver.reserve(
-            job, spec, timeout, replace, policy, queue, priority, owner_hash(token)
+        terms = Terms(
+            queue=queue,
+            priority=priority,
+            owner=owner_hash(requests.check_token(token)),
+            preemptible=check_flag(preemptible, "preemptible"),
+            preempt_grace=check_timeout(preempt_grace_s, "preempt_grace_s")
+            if preempt_grace_s
+            else 0.0,
         )
+        res = await self._reserver.reserve(job, spec, timeout, replace, policy, terms)
         return self._status_bytes(res)
 
     async def cancel(self, job: str) -> bool:

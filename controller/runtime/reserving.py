@@ -45,10 +45,12 @@ from controller.runtime.state import ReservationState
 from controller.state.diff import describe_difference
 from controller.state.plan import JobPlan, plan_slots
 from controller.state.published import publish
+from controller.state.queueing import Terms
 from controller.state.records import AUTO, PENDING, QUEUED, READY, RELEASING, ReservationRecord
 from controller.state.table import StoredPlan
 
 log = logging.getLogger("placectl.controller")
+NO_TERMS = Terms()
 
 
 class Reserver:
@@ -99,9 +101,7 @@ class Reserver:
         timeout: float,
         replace: bool,
         policy: str,
-        queue: str = "",
-        priority: int = 0,
-        owner: str = "",
+        terms: Terms = NO_TERMS,
     ) -> ReservationRecord:
         """Reserve ``spec`` for ``job`` (arguments checked by the caller); its record.
 
@@ -113,7 +113,7 @@ class Reserver:
         cancellation every group made for the attempt is removed and nothing is
         recorded.
 
-        With a ``queue``, a reservation that does not fit now, or that others are queued
+        With a queue in ``terms``, a reservation that does not fit now, or that others are queued
         before, is recorded ``queued`` and placed whole when its turn comes (see
         :mod:`controller.state.queueing`); on timeout or cancellation it leaves the queue.
         """
@@ -122,7 +122,7 @@ class Reserver:
         async with self._locks.job(job):
             existing = self._state.get(job)
             if existing is not None and existing.state == QUEUED:
-                queued = await self._queue().rejoin(existing, spec, queue, priority)
+                queued = await self._queue().rejoin(existing, spec, terms)
                 if queued is not None:
                     return await self._reserve_locked(job, spec, started, timeout, policy, queued)
                 existing = None
@@ -142,11 +142,11 @@ class Reserver:
                     )
                 if existing is not None:
                     await self.release_locked(job)
-                queued = None
-                if queue:
-                    queued = await self._queue().enqueue(job, spec, policy, queue, priority, owner)
+                queued = (
+                    await self._queue().enqueue(job, spec, policy, terms) if terms.queue else None
+                )
                 return await self._reserve_locked(
-                    job, spec, started, timeout, policy, queued, owner
+                    job, spec, started, timeout, policy, queued, terms
                 )
         # The same spec, degraded under the auto policy: repaired before it is returned.
         return await self._repairer.repair_until(job, started + timeout)
@@ -159,13 +159,13 @@ class Reserver:
         timeout: float,
         policy: str,
         queued: ReservationRecord | None = None,
-        owner: str = "",
+        terms: Terms = NO_TERMS,
     ) -> ReservationRecord:
         self._reserving[job] = asyncio.current_task()
         try:
             if queued is not None:
                 await self._queue().wait_turn(queued, started + timeout)
-            res = await self._create(job, spec, started + timeout, policy, queued, owner)
+            res = await self._create(job, spec, started + timeout, policy, queued, terms)
         except asyncio.CancelledError:
             if self._incarnation.dead:
                 raise
@@ -252,7 +252,7 @@ class Reserver:
         deadline: float,
         policy: str,
         queued: ReservationRecord | None = None,
-        owner: str = "",
+        terms: Terms = NO_TERMS,
     ) -> ReservationRecord:
         entered = time.monotonic()
         view = await self._wait_for_nodes(job, spec, deadline)
@@ -278,10 +278,8 @@ class Reserver:
             state=PENDING,
             repair=policy,
             created_at=time.time(),
-            queue=queued.queue if queued else "",
-            priority=queued.priority if queued else 0,
             queued_at=queued.queued_at if queued else 0.0,
-            owner=queued.owner if queued else owner,
+            **msgspec.structs.asdict(Terms.of(queued) if queued else terms),
         )
         groups.refuse_if_it_never_fits(self._nodes, f"reservation {job!r}", record.slots)
         stored = StoredPlan(job=job, uid=uid, epoch=epoch, plan=plan)

@@ -34,6 +34,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # restart): it was admitted because it fits, so this is quick unless someone else's
     # actors took the room meanwhile; then it is queued again.
     admitted_place_timeout: float = 120.0
+    # A preemptible reservation taken back for one of higher priority keeps running this
+    # long (its deadline, visible to its drivers and workers) before it is released.
+    preempt_grace: float = 60.0
 
 
 FAST = Settings(
@@ -45,5 +48,6 @@ FAST = Settings(
     repair_retry=0.05,
     port_check_timeout=0.2,
     admitted_place_timeout=2.0,
+    preempt_grace=0.2,
 )
 """Settings for unit tests on the fake cluster, where nothing takes real time."""

@@ -15,6 +15,13 @@ reservations backfill only nodes that no earlier waiting reservation needs. So a
 reservation waits for the reservations already placed on its nodes to release, and for
 those before it in the order, never for later ones.
 
+**Preemption (opt-in).** A reservation made ``preemptible`` may be taken back for a
+waiting one of higher priority: when the waiting one would fit on its nodes if some
+preemptible reservations of lower priority there were gone, those are chosen (lowest
+priority first, only as many as needed; none at all if that is not enough, so nothing is
+taken in vain), given a deadline, and released at it. Nothing that is not preemptible is
+ever taken.
+
 **Quotas.** A queue may have a quota: at most so many units of each resource (``GPU``,
 ``franka``, ...) held by its admitted reservations together. A reservation that would
 exceed it waits, holding nothing (its queue is full, not the cluster).
@@ -27,6 +34,27 @@ from collections.abc import Callable, Iterable, Mapping
 import msgspec
 
 EPSILON = 1e-9
+
+
+class Terms(msgspec.Struct, frozen=True, kw_only=True):
+    """What a ``reserve`` asks beyond its spec: where it waits, at what priority, who
+    owns it (a token hash), and whether it may be taken back."""
+
+    queue: str = ""
+    priority: int = 0
+    owner: str = ""
+    preemptible: bool = False
+    preempt_grace: float = 0.0
+
+    @classmethod
+    def of(cls, record) -> Terms:
+        return cls(
+            queue=record.queue,
+            priority=record.priority,
+            owner=record.owner,
+            preemptible=record.preemptible,
+            preempt_grace=record.preempt_grace,
+        )
 
 
 class Entry(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,16 +82,73 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
         return out
 
 
+class Holding(msgspec.Struct, frozen=True, kw_only=True):
+    """A placed reservation as preemption sees it.
+
+    Attributes:
+        job, priority, preemptible: from its record.
+        needs: what it holds per node.
+        leaving: it is being preempted already (its resources are as good as free).
+    """
+
+    job: str
+    priority: int = 0
+    preemptible: bool = False
+    needs: dict[str, dict[str, float]] = {}
+    leaving: bool = False
+
+
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """What one pass decided.
 
     Attributes:
         admitted: jobs to place now, in order.
         waiting: for each job left queued, its position (1 = next) and why it waits.
+        preempt: placed reservations to take back, each for the waiting job named.
     """
 
     admitted: list[str] = []
     waiting: dict[str, tuple[int, str]] = {}
+    preempt: dict[str, str] = {}
+
+
+def victims(
+    e: Entry, left: Mapping[str, Mapping[str, float]], holdings: Iterable[Holding]
+) -> list[str] | None:
+    """The preemptible reservations of lower priority whose leaving would let ``e`` fit:
+    lowest priority first, only as many as needed; [] when those already leaving free
+    enough; None when it cannot fit even so (then nothing is taken)."""
+    on: dict[str, list[Holding]] = {}
+    for h in holdings:
+        for node_id in h.needs:
+            on.setdefault(node_id, []).append(h)
+    taken: set[str] = set()
+    for node_id, need in (e.needs or {}).items():
+        here = on.get(node_id, [])
+        have = dict(left.get(node_id, {}))
+        for h in here:
+            if h.leaving or h.job in taken:
+                for k, v in h.needs[node_id].items():
+                    have[k] = have.get(k, 0.0) + v
+        pool = sorted(
+            (
+                h
+                for h in here
+                if h.preemptible
+                and h.priority < e.priority
+                and not h.leaving
+                and h.job not in taken
+            ),
+            key=lambda h: (h.priority, h.job),
+        )
+        while any(v > have.get(k, 0.0) + EPSILON for k, v in need.items()):
+            if not pool:
+                return None
+            h = pool.pop(0)
+            taken.add(h.job)
+            for k, v in h.needs[node_id].items():
+                have[k] = have.get(k, 0.0) + v
+    return sorted(taken)
 
 
 def order(entries: Iterable[Entry]) -> list[Entry]:
@@ -93,6 +178,7 @@ def decide(
     used: Mapping[str, Mapping[str, float]] | None = None,
     name: Callable[[str], str] = lambda node_id: node_id[:12],
     holders: Callable[[str], Iterable[str]] = lambda node_id: (),
+    holdings: Iterable[Holding] = (),
 ) -> Decision:
     """Admit what fits, in order, without letting anything pass a waiting reservation
     on the nodes it needs (see the module docstring).
@@ -104,7 +190,10 @@ def decide(
         used: what each queue's admitted reservations hold (resource -> amount).
         name: how a node is named in a reason (rank and IP).
         holders: the jobs holding resources on a node, for "held by" in a reason.
+        holdings: the placed reservations, for preemption.
     """
+    holdings = list(holdings)
+    preempt: dict[str, str] = {}
     left = {n: dict(v) for n, v in free.items()}
     queue_used = {q: dict(v) for q, v in (used or {}).items()}
     held_for: dict[str, str] = {}  # node id -> the first waiting job that needs it
@@ -151,7 +240,19 @@ def decide(
             for node_id in e.needs:
                 held_for.setdefault(node_id, e.job)
             more = f"; and {len(short) - 2} more node(s)" if len(short) > 2 else ""
-            waiting[e.job] = (position, "; ".join(short[:2]) + more)
+            why = "; ".join(short[:2]) + more
+            chosen = victims(e, left, holdings) if holdings else None
+            if chosen is not None:
+                holdings = [
+                    msgspec.structs.replace(h, leaving=True) if h.job in chosen else h
+                    for h in holdings
+                ]
+                preempt.update(dict.fromkeys(chosen, e.job))
+                leaving = sorted(
+                    h.job for h in holdings if h.leaving and set(h.needs) & set(e.needs)
+                )
+                why = f"waits for preempted {', '.join(leaving)} to leave"
+            waiting[e.job] = (position, why)
             continue
         for node_id, need in e.needs.items():
             for k, v in need.items():
@@ -160,7 +261,7 @@ def decide(
         for k, v in e.total().items():
             mine[k] = mine.get(k, 0.0) + v
         admitted.append(e.job)
-    return Decision(admitted=admitted, waiting=waiting)
+    return Decision(admitted=admitted, waiting=waiting, preempt=preempt)
 
 
-__all__ = ["Decision", "Entry", "decide", "needs_by_node", "order"]
+__all__ = ["Decision", "Entry", "Holding", "Terms", "decide", "needs_by_node", "order", "victims"]

@@ -121,6 +121,11 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
             first come first served within a priority). Kept once admitted.
         owner: a hash of the creating client's token; "" when anyone may change it
             (see :mod:`controller.state.owners`).
+        preemptible: a queued reservation of higher priority may take it back.
+        preempt_grace: how long it keeps running once preempted (0: the controller's
+            default).
+        preempt_at: when it is being taken back, the wall-clock deadline at which it
+            is released (0: it is not).
     """
 
     v: int = SCHEMA_VERSION
@@ -142,6 +147,9 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
     priority: int = 0
     queued_at: float = 0.0
     owner: str = ""
+    preemptible: bool = False
+    preempt_grace: float = 0.0
+    preempt_at: float = 0.0
 
     def master_port(self, component: str) -> int | None:
         for lease in self.leases:

@@ -37,6 +37,14 @@ class ReservationInfo(msgspec.Struct, frozen=True, kw_only=True):
     queue: str = ""
     priority: int = 0
     queued_at: float = 0.0
+    preemptible: bool = False
+    preempt_at: float = 0.0  # released at this wall-clock time (0: not being preempted)
+
+    @property
+    def preempting(self) -> bool:
+        """Being taken back for a reservation of higher priority (until ``preempt_at``);
+        its state stays what it is, and its processes keep running until then."""
+        return self.preempt_at > 0
 
     @property
     def num_accelerators(self) -> int:
@@ -63,6 +71,8 @@ def summarize(res: ReservationRecord) -> ReservationInfo:
         queue=res.queue,
         priority=res.priority,
         queued_at=res.queued_at,
+        preemptible=res.preemptible,
+        preempt_at=res.preempt_at,
         slots=[
             SlotInfo(
                 node_rank=s.node_rank,

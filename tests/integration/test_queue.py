@@ -101,3 +101,22 @@ def test_another_clients_change_is_refused_unless_forced(cluster, ctl):
     forced = subprocess.run([*cli, "--force"], env=env, capture_output=True, text=True, timeout=120)
     assert forced.returncode == 0 and "released mine" in forced.stdout
     assert ctl.list() == []
+
+
+def test_a_preemptible_reservation_sees_its_deadline_and_is_released_for_a_higher_one(
+    cluster, ctl, monkeypatch
+):
+    ctl.reserve("spot", FIRST, timeout_s=120, preemptible=True, preempt_grace_s=5)
+    out: dict = {}
+    vip = _reserve_in_background(ctl, "vip", FIRST, 7, out)
+    # what a worker of "spot" reads (its environment names the job)
+    monkeypatch.setenv("PLACECTL_JOB", "spot")
+    monkeypatch.setenv("PLACECTL_CONTROLLER", ctl.name)
+    deadline = wait_for(lambda: clients.preempt_deadline(), timeout=60)
+    info = ctl.status("spot")
+    assert info.preempting and info.preempt_at == deadline and info.state == "ready"
+    assert "preempting: released at" in placectl_cli(cluster.address, "status", "spot").stdout
+    vip.join(timeout=120)
+    assert not isinstance(out.get("vip"), Exception), out.get("vip")
+    assert out["vip"].state == "ready"
+    assert [i.job for i in ctl.list()] == ["vip"]

@@ -15,7 +15,7 @@ from controller.errors import (
     ReservationInfeasible,
     ReservationTimeout,
 )
-from controller.state.queueing import Entry, decide
+from controller.state.queueing import Entry, Holding, decide, victims
 from controller.state.status import QueueEntry
 from tests.unit.fakes import cluster, controller, info, live_groups, run, spec, stored, until
 
@@ -240,5 +240,81 @@ def test_a_quota_keeps_a_queue_waiting_while_the_cluster_has_room():
             await again.set_quota("team", {"GPU": -1})
         await ctl.stop()
         await again.stop()
+
+    run(go())
+
+
+# ------------------------------------------------------------------ preemption
+def holding(job, nodes, priority=0, preemptible=True, gpus=4.0, leaving=False):
+    return Holding(
+        job=job,
+        priority=priority,
+        preemptible=preemptible,
+        needs={n: {"GPU": gpus} for n in nodes},
+        leaving=leaving,
+    )
+
+
+def test_preemption_takes_only_what_is_needed_lowest_priority_first():
+    want = entry("vip", ["a"], priority=9)
+    free = {"a": {"GPU": 0.0}, "b": {"GPU": 0.0}}
+    spare = [holding("p1", ["a"], 1, gpus=2), holding("p0", ["a"], 0, gpus=2)]
+    assert victims(want, free, spare) == ["p0", "p1"]  # both needed
+    half = Entry(job="vip", queue="q", priority=9, needs={"a": {"GPU": 2.0}})
+    assert victims(half, free, spare) == ["p0"]  # the lower priority only
+    assert victims(want, free, [holding("b-job", ["b"], 0)]) is None  # not on its node
+    assert victims(want, free, [holding("p", ["a"], 0, gpus=2)]) is None  # not enough
+    assert victims(want, free, [holding("p", ["a"], 9)]) is None  # not lower priority
+    assert victims(want, free, [holding("p", ["a"], 0, preemptible=False)]) is None
+    assert victims(want, free, [holding("p", ["a"], 0, leaving=True)]) == []  # leaving
+
+
+def test_a_decision_preempts_for_the_waiting_and_names_what_it_waits_for():
+    free = {"a": {"GPU": 0.0}}
+    d = decide([entry("vip", ["a"], priority=9)], free, holdings=[holding("low", ["a"], 0)])
+    assert d.preempt == {"low": "vip"} and d.admitted == []
+    assert d.waiting["vip"][1] == "waits for preempted low to leave"
+    d = decide(
+        [entry("vip", ["a"], priority=9)],
+        free,
+        holdings=[holding("low", ["a"], 0, preemptible=False)],
+    )
+    assert d.preempt == {}
+
+
+def test_a_preemptible_reservation_is_released_at_its_deadline_for_a_higher_priority():
+    async def go():
+        fake = cluster(gpu_nodes=1)
+        ctl = await controller(fake)
+        await ctl.reserve("low", q("0-3", num_nodes=2), 5, priority=0, preemptible=True)
+        vip = asyncio.create_task(
+            ctl.reserve("vip", q("0-3", num_nodes=2), 10, queue="q", priority=5)
+        )
+        rec = await until(lambda: (r := stored(fake, "low")) is not None and r.preempt_at and r)
+        assert rec.state == "ready" and "preempted for 'vip'" in rec.reason
+        assert info(await ctl.status("low")).preempting  # drivers see it
+        got = info(await asyncio.wait_for(vip, 5))
+        assert got.state == "ready" and stored(fake, "low") is None
+        await ctl.stop()
+
+    run(go())
+
+
+def test_what_is_not_preemptible_or_of_higher_priority_is_never_taken():
+    async def go():
+        fake = cluster(gpu_nodes=2)
+        ctl = await controller(fake)
+        await ctl.reserve("firm", q("0-3"), 5, priority=0)
+        await ctl.reserve("high", q("4-7"), 5, priority=9, preemptible=True)
+        a = asyncio.create_task(ctl.reserve("a", q("0-3"), 10, queue="q", priority=5))
+        b = asyncio.create_task(ctl.reserve("b", q("4-7"), 10, queue="q", priority=5))
+        await until(lambda: ctl._admitter.why("a") and ctl._admitter.why("b"))
+        await asyncio.sleep(0.5)  # well past the grace: nothing happens
+        assert not stored(fake, "firm").preempt_at and not stored(fake, "high").preempt_at
+        assert stored(fake, "a").state == stored(fake, "b").state == "queued"
+        for t in (a, b):
+            t.cancel()
+        await asyncio.gather(a, b, return_exceptions=True)
+        await ctl.stop()
 
     run(go())
