@@ -4,7 +4,9 @@ and node arrival, restarts over an old table, with placectl's invariants checked
 every step. The observers read only the table in the GCS, as drivers do: no check ever
 calls the controller, so none can wake it up.
 
-Operations: reserve, release, apply another configuration to a live reservation, leases.
+Operations: reserve (some preemptible), release, apply another configuration to a live
+reservation, leases, queued reservations of random priority in queue "chaos" (which has a
+GPU quota; each waits in a thread of its own and may preempt).
 Faults: killing the controller (and, half the time, removing a node before any call
 reaches the new one), killing it at a step of an apply, removing and adding nodes,
 restarting the head (the GCS process alone, or the whole head node with the controller
@@ -20,7 +22,10 @@ Invariants, checked once the table has settled after each step:
     reservation table references;
   * table = groups: every ready reservation's groups are CREATED, on alive nodes;
   * stable assignments: a reservation's assignments change only when its epoch does;
-  * an apply keeps the ranks it says stay in the same group, on the same devices.
+  * an apply keeps the ranks it says stay in the same group, on the same devices;
+  * nothing that is not preemptible is preempted, and no placed reservation vanishes
+    without a release of it;
+  * the queue's quota is never exceeded by its placed reservations.
 
 Usage: scripts/chaos.py [--steps 200] [--seed 1]
 Prints every operation, the faults injected, the violations found; exits 1 on any.
@@ -49,11 +54,14 @@ from controller.errors import TableUnreadable
 from controller.runtime.nodes import live_view
 from controller.runtime.ray_io import node_infos
 from controller.state.table import KV_NAMESPACE, LEGACY_KEY, kv_prefix, migrate_v1
+from controller.state.table import QUOTA as QUOTA_KEY
 from tests.integration.head import FaultTolerantCluster, RedisServer
 from tests.unit.fakes import v1_table
 
 GPUS = 4
 JOBS = ["a", "b", "c", "d"]
+QJOBS = ["q1", "q2", "q3"]  # reserved in queue "chaos" only
+QUOTA = 6.0  # GPUs queue "chaos" may hold
 APPLY_STEPS = ["apply_after_intent", "apply_after_create", "apply_after_probe", "apply_after_write"]
 SPECS = [
     {"num_nodes": 2, "component_placement": {"actor": "0-1"}},
@@ -84,6 +92,11 @@ class Chaos:
         self.faults: Counter = Counter()
         self.violations: list[str] = []
         self.replaced = 0  # slot replacements seen (epoch increases)
+        self.ctl.set_quota("chaos", GPU=QUOTA)
+        self.waiting: dict[str, threading.Thread] = {}
+        self.touched: set[str] = set()  # jobs this step released or replaced
+        self.placed: dict[str, bool] = {}  # placed at the last check: preemptible?
+        self.preempted: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------ operations
     def gpu_nodes(self):
@@ -93,20 +106,37 @@ class Chaos:
     def step(self, i: int) -> str:
         r = self.rng.random()
         job = self.rng.choice(JOBS)
+        self.touched = set()
         if r < 0.10:
-            ready = sorted(j for j, x in (self.table() or {}).items() if x.state == "ready")
+            table = self.table() or {}
+            ready = sorted(j for j, x in table.items() if x.state == "ready" and not x.queue)
             return self.apply(self.rng.choice(ready)) if ready else "apply: nothing ready"
-        if r < 0.35:
+        if r < 0.30:
             spec = self.rng.choice(SPECS)
             replace = self.rng.random() < 0.3
+            spot = self.rng.random() < 0.4
             self.ops["reserve"] += 1
+            if replace:
+                self.touched.add(job)
             try:
-                self.ctl.reserve(job, spec, timeout_s=4, replace=replace, progress=lambda m: None)
+                self.ctl.reserve(
+                    job,
+                    spec,
+                    timeout_s=4,
+                    replace=replace,
+                    progress=lambda m: None,
+                    preemptible=spot,
+                    preempt_grace_s=1,
+                )
                 return f"reserve {job} {spec['component_placement']} replace={replace}: ok"
             except PlacementError as e:
                 return f"reserve {job}: {type(e).__name__}"
+        if r < 0.36:
+            return self.queued(self.rng.choice(QJOBS))
         if r < 0.55:
+            job = self.rng.choice(JOBS + QJOBS)
             self.ops["release"] += 1
+            self.touched.add(job)
             try:
                 return f"release {job}: {self.ctl.release(job)}"
             except PlacementError as e:
@@ -145,6 +175,32 @@ class Chaos:
         node = self.cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
         self.cluster.wait_for_nodes()
         return f"add node {node.node_id[:8]}"
+
+    def queued(self, job: str) -> str:
+        """Reserve ``job`` in queue "chaos" at a random priority, waiting in a thread."""
+        if job in self.waiting and self.waiting[job].is_alive():
+            return f"queue {job}: still waiting"
+        spec = self.rng.choice(SPECS)
+        priority = self.rng.randrange(1, 6)
+        self.ops["queued reserve"] += 1
+
+        def wait() -> None:
+            try:
+                self.ctl.reserve(
+                    job,
+                    spec,
+                    timeout_s=30,
+                    queue="chaos",
+                    priority=priority,
+                    progress=lambda m: None,
+                )
+                self.ops["queued reserve placed"] += 1
+            except Exception:
+                self.ops["queued reserve left the queue"] += 1
+
+        self.waiting[job] = threading.Thread(target=wait, daemon=True)
+        self.waiting[job].start()
+        return f"queue {job} priority {priority} {spec['component_placement']}"
 
     def apply(self, job: str) -> str:
         """Apply another configuration to a live reservation, a third of the time with
@@ -257,6 +313,8 @@ class Chaos:
         view each record was planned on, which is rebuilt here from the live cluster, and
         after a node loss or a new head that view may no longer plan the record."""
         records = self.ctl.table()
+        if any(r.state == "queued" for r in records.values()):
+            return False  # 0.1 had no queue
         data = v1_table(records, live_view(node_infos(), "GPU"))
         try:
             migrate_v1(data)
@@ -264,7 +322,8 @@ class Chaos:
             return False
         prefix = kv_prefix("placectl")
         for k in internal_kv._internal_kv_list(prefix, namespace=KV_NAMESPACE):
-            internal_kv._internal_kv_del(k, namespace=KV_NAMESPACE)
+            if not k.startswith(prefix + QUOTA_KEY):  # the quota stays, as if set later
+                internal_kv._internal_kv_del(k, namespace=KV_NAMESPACE)
         internal_kv._internal_kv_put(prefix + LEGACY_KEY, data, namespace=KV_NAMESPACE)
         # a migrated record gets a uid of its own: compare assignments from here on
         self.seen.clear()
@@ -361,13 +420,42 @@ class Chaos:
                 if prev and prev[0] == r.created_at and r.epoch > prev[1]:
                     self.replaced += r.epoch - prev[1]
                 self.seen[r.job] = (r.created_at, r.epoch, now)
+        bad += self.queue_violations(table)
         for b in bad:
             self.violations.append(f"step {i}: {b}")
             print(f"      VIOLATION {b}", flush=True)
 
+    def queue_violations(self, table) -> list[str]:
+        """Nothing preempted that was not preemptible; no placed reservation gone without
+        a release of it (or its preemption); the queue's quota kept."""
+        bad = [
+            f"{r.job} is being preempted but is not preemptible"
+            for r in table.values()
+            if r.preempt_at and not r.preemptible
+        ]
+        for r in table.values():
+            if r.preempt_at and (r.job, r.uid) not in self.preempted:
+                self.preempted.add((r.job, r.uid))
+                self.ops["preempted"] += 1
+        now = {j: r.preemptible for j, r in table.items() if r.state in ("ready", "degraded")}
+        for job, spot in self.placed.items():
+            if job not in table and job not in self.touched and not spot:
+                bad.append(f"{job} vanished although nobody released it")
+        self.placed = now
+        held = sum(
+            b.resources.get("GPU", 0.0)
+            for r in table.values()
+            if r.queue == "chaos" and r.state != "queued"
+            for s in r.slots
+            for b in s.bundles
+        )
+        if held > QUOTA + 1e-9:
+            bad.append(f'queue "chaos" holds {held:g} GPUs, over its quota of {QUOTA:g}')
+        return bad
+
     def close(self) -> None:
         try:
-            self.ctl.release_all()
+            self.ctl.release_all(force=True)
         finally:
             ray.shutdown()
             self.cluster.shutdown()
