@@ -44,6 +44,7 @@ from controller.state.change import ApplySummary, Change, bound_view, plan_slots
 from controller.state.plan import JobPlan
 from controller.state.ports import MASTER
 from controller.state.published import publish
+from controller.state.queueing import quota_excess
 from controller.state.records import READY, Applying, ReservationRecord
 from controller.state.table import StoredPlan
 
@@ -121,6 +122,7 @@ class Applier:
             change, floating = await self._change(res, spec)
             kept = [res.slots[i] for i in change.kept]
             groups.refuse_if_it_never_fits(self._nodes, f"apply to {job!r}", change.created, kept)
+            self._refuse_over_quota(res, [*kept, *change.created])
             if dry_run:
                 return change.summary
             new = await self._apply_change(res, spec, change, floating, started + timeout)
@@ -150,6 +152,26 @@ class Applier:
         res = self._state.require(job)
         spec = with_component(res.spec, component, placement, node_group)
         return await self.apply(job, spec, timeout, dry_run)
+
+    def _refuse_over_quota(self, res: ReservationRecord, slots: list) -> None:
+        """An apply may not take a queued reservation's queue past its quota."""
+        limit = self._state.quotas.get(res.queue) if res.queue else None
+        if not limit:
+            return
+        others = [
+            s
+            for other in self._state.records.values()
+            if other.queue == res.queue and other.job != res.job
+            for s in other.slots
+        ]
+        used, wants = _total(others), _total(slots)
+        over = quota_excess(limit, used, wants)
+        if over:
+            shown = ", ".join(f"{k} {v:g} (quota {limit[k]:g})" for k, v in sorted(over.items()))
+            raise ReservationError(
+                f"apply to {res.job!r} would take queue {res.queue!r} to {shown}; nothing "
+                "was changed (placectl quota raises it)"
+            )
 
     async def _change(self, res: ReservationRecord, spec) -> tuple[Change, dict]:
         self._nodes.set_all(await self._io.nodes())
@@ -313,3 +335,11 @@ class Applier:
             log.warning("apply to %r rolled back; clearing its intent failed: %s", res.job, e)
         if rebuilt:
             self._checker.recheck(res.job)  # its removed slots are made again by the repair
+
+
+def _total(slots: list) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for slot in slots:
+        for k, v in slot.need().items():
+            out[k] = out.get(k, 0.0) + v
+    return out

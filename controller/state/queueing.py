@@ -151,6 +151,18 @@ def victims(
     return sorted(taken)
 
 
+def quota_excess(
+    limit: Mapping[str, float], used: Mapping[str, float], wants: Mapping[str, float]
+) -> dict[str, float]:
+    """What ``used`` plus ``wants`` would come to, for each resource it takes past
+    ``limit`` ({} when within it)."""
+    return {
+        k: used.get(k, 0.0) + v
+        for k, v in wants.items()
+        if k in limit and used.get(k, 0.0) + v > limit[k] + EPSILON
+    }
+
+
 def order(entries: Iterable[Entry]) -> list[Entry]:
     """The admission order: priority (higher first), then arrival, then name."""
     return sorted(entries, key=lambda e: (-e.priority, e.queued_at, e.job))
@@ -206,12 +218,7 @@ def decide(
             continue
         limit = (quotas or {}).get(e.queue)
         if limit:
-            mine = queue_used.get(e.queue, {})
-            over = {
-                k: mine.get(k, 0.0) + v
-                for k, v in e.total().items()
-                if k in limit and mine.get(k, 0.0) + v > limit[k] + EPSILON
-            }
+            over = quota_excess(limit, queue_used.get(e.queue, {}), e.total())
             if over:
                 quota = _fmt({k: limit[k] for k in over})
                 waiting[e.job] = (
@@ -264,4 +271,14 @@ def decide(
     return Decision(admitted=admitted, waiting=waiting, preempt=preempt)
 
 
-__all__ = ["Decision", "Entry", "Holding", "Terms", "decide", "needs_by_node", "order", "victims"]
+__all__ = [
+    "Decision",
+    "Entry",
+    "Holding",
+    "Terms",
+    "decide",
+    "needs_by_node",
+    "order",
+    "quota_excess",
+    "victims",
+]

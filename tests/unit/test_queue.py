@@ -318,3 +318,20 @@ def test_what_is_not_preemptible_or_of_higher_priority_is_never_taken():
         await ctl.stop()
 
     run(go())
+
+
+def test_an_apply_may_not_take_a_queue_past_its_quota():
+    async def go():
+        fake = cluster(gpu_nodes=2)
+        ctl = await controller(fake)
+        await ctl.set_quota("team", {"GPU": 4})
+        await ctl.reserve("one", q("0-3"), 5, queue="team")
+        with pytest.raises(ReservationError, match=r"queue 'team' to GPU 8 \(quota 4\)"):
+            await ctl.apply("one", q("0-7"), 5)
+        assert stored(fake, "one").epoch == 1  # nothing changed
+        await ctl.set_quota("team", {"GPU": 8})
+        await ctl.apply("one", q("0-7"), 5)
+        assert stored(fake, "one").epoch == 2
+        await ctl.stop()
+
+    run(go())
