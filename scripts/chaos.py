@@ -5,8 +5,9 @@ every step. The observers read only the table in the GCS, as drivers do: no chec
 calls the controller, so none can wake it up.
 
 Operations: reserve (some preemptible), release, apply another configuration to a live
-reservation, leases, queued reservations of random priority in queue "chaos" (which has a
-GPU quota; each waits in a thread of its own and may preempt).
+reservation, leases, queued reservations of random priority (q1, q2 in queue "order",
+without a quota; q3 in queue "chaos", with a GPU quota; each waits in a thread of its own
+and may preempt).
 Faults: killing the controller (and, half the time, removing a node before any call
 reaches the new one), killing it at a step of an apply, removing and adding nodes,
 restarting the head (the GCS process alone, or the whole head node with the controller
@@ -25,7 +26,10 @@ Invariants, checked once the table has settled after each step:
   * an apply keeps the ranks it says stay in the same group, on the same devices;
   * nothing that is not preemptible is preempted, and no placed reservation vanishes
     without a release of it;
-  * the queue's quota is never exceeded by its placed reservations.
+  * the queue's quota is never exceeded by its placed reservations;
+  * no admission out of order: a reservation of queue "order" placed since the last
+    check never took a node that one queued before it and still waiting (of higher
+    priority, or of the same and queued earlier, and plannable on the live nodes) needs.
 
 Usage: scripts/chaos.py [--steps 200] [--seed 1]
 Prints every operation, the faults injected, the violations found; exits 1 on any.
@@ -49,7 +53,7 @@ from ray.util.placement_group import placement_group_table
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import clients
-from controller import PlacementError, load_spec
+from controller import ComponentPlacement, PlacementError, load_spec
 from controller.errors import TableUnreadable
 from controller.runtime.nodes import live_view
 from controller.runtime.ray_io import node_infos
@@ -60,7 +64,7 @@ from tests.unit.fakes import v1_table
 
 GPUS = 4
 JOBS = ["a", "b", "c", "d"]
-QJOBS = ["q1", "q2", "q3"]  # reserved in queue "chaos" only
+QJOBS = ["q1", "q2", "q3"]  # q3 in queue "chaos" (quota), the others in "order"
 QUOTA = 6.0  # GPUs queue "chaos" may hold
 APPLY_STEPS = ["apply_after_intent", "apply_after_create", "apply_after_probe", "apply_after_write"]
 SPECS = [
@@ -97,6 +101,7 @@ class Chaos:
         self.touched: set[str] = set()  # jobs this step released or replaced
         self.placed: dict[str, bool] = {}  # placed at the last check: preemptible?
         self.preempted: set[tuple[str, str]] = set()
+        self.queued_before: set[str] = set()
 
     # ------------------------------------------------------------ operations
     def gpu_nodes(self):
@@ -177,7 +182,7 @@ class Chaos:
         return f"add node {node.node_id[:8]}"
 
     def queued(self, job: str) -> str:
-        """Reserve ``job`` in queue "chaos" at a random priority, waiting in a thread."""
+        """Reserve ``job`` in its queue at a random priority, waiting in a thread."""
         if job in self.waiting and self.waiting[job].is_alive():
             return f"queue {job}: still waiting"
         spec = self.rng.choice(SPECS)
@@ -190,7 +195,7 @@ class Chaos:
                     job,
                     spec,
                     timeout_s=30,
-                    queue="chaos",
+                    queue="chaos" if job == "q3" else "order",
                     priority=priority,
                     progress=lambda m: None,
                 )
@@ -451,6 +456,40 @@ class Chaos:
         )
         if held > QUOTA + 1e-9:
             bad.append(f'queue "chaos" holds {held:g} GPUs, over its quota of {QUOTA:g}')
+        bad += self.order_violations(table)
+        return bad
+
+    def order_violations(self, table) -> list[str]:
+        """A reservation of queue "order" placed since the last check against one queued
+        before it, still waiting, that needs one of its nodes (see the docstring)."""
+        queued = {j: r for j, r in table.items() if r.state == "queued" and r.queue == "order"}
+        before, self.queued_before = self.queued_before, set(queued)
+        placed = [
+            r
+            for j, r in table.items()
+            if j in before and r.queue == "order" and r.state != "queued" and r.slots
+        ]
+        if not placed:
+            return []
+        view = live_view(node_infos(), "GPU")
+        bad = []
+        for x in placed:
+            taken = {s.node_id for s in x.slots}
+            for y in queued.values():
+                first = (-y.priority, y.queued_at) < (-x.priority, x.queued_at)
+                if y.job not in before or not first:
+                    continue
+                try:
+                    plan = ComponentPlacement(y.spec, view)
+                except PlacementError:
+                    continue  # not plannable now: it holds no node
+                needs = {
+                    view.nodes[p.node_rank].node_id
+                    for c in plan.components
+                    for p in plan.placements(c)
+                }
+                if needs & taken:
+                    bad.append(f"{x.job} was placed on a node {y.job} waits for, before it")
         return bad
 
     def close(self) -> None:

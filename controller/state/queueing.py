@@ -229,6 +229,8 @@ def decide(
                 continue
         ahead = sorted({held_for[n] for n in e.needs if n in held_for})
         if ahead:
+            for node_id in e.needs:  # it holds the rest of its nodes too, meanwhile
+                held_for.setdefault(node_id, e.job)
             waiting[e.job] = (position, f"waits behind {', '.join(ahead)} for its nodes")
             continue
         short = []

@@ -335,3 +335,13 @@ def test_an_apply_may_not_take_a_queue_past_its_quota():
         await ctl.stop()
 
     run(go())
+
+
+def test_one_waiting_behind_another_still_holds_its_other_nodes():
+    # z needs a (busy) and b; y needs b and c; x needs only c. y waits behind z on b, and
+    # holds c meanwhile: x may not take c, or y could be passed there for ever.
+    free = {"a": {"GPU": 0.0}, "b": GPU4, "c": GPU4}
+    entries = [entry("z", ["a", "b"], 5), entry("y", ["b", "c"], 4), entry("x", ["c"], 3)]
+    d = decide(entries, free)
+    assert d.admitted == []
+    assert "waits behind y" in d.waiting["x"][1]
