@@ -38,9 +38,12 @@ Prints every operation, the faults injected, the violations found; exits 1 on an
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import random
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -97,7 +100,7 @@ class Chaos:
         self.violations: list[str] = []
         self.replaced = 0  # slot replacements seen (epoch increases)
         self.ctl.set_quota("chaos", GPU=QUOTA)
-        self.waiting: dict[str, threading.Thread] = {}
+        self.waiting: dict[str, subprocess.Popen] = {}
         self.touched: set[str] = set()  # jobs this step released or replaced
         self.placed: dict[str, bool] = {}  # placed at the last check: preemptible?
         self.preempted: set[tuple[str, str]] = set()
@@ -136,9 +139,9 @@ class Chaos:
                 return f"reserve {job} {spec['component_placement']} replace={replace}: ok"
             except PlacementError as e:
                 return f"reserve {job}: {type(e).__name__}"
-        if r < 0.36:
+        if r < 0.42:
             return self.queued(self.rng.choice(QJOBS))
-        if r < 0.55:
+        if r < 0.58:
             job = self.rng.choice(JOBS + QJOBS)
             self.ops["release"] += 1
             self.touched.add(job)
@@ -150,7 +153,7 @@ class Chaos:
             return self.named_leases(job)
         if r < 0.68:
             self.faults["controller kill"] += 1
-            ray.kill(self.ctl.handle, no_restart=False)
+            self.kill_controller()
             nodes = self.gpu_nodes()
             if self.rng.random() < 0.5 and len(nodes) > 2:
                 self.faults["node removed while the controller restarts"] += 1
@@ -164,7 +167,7 @@ class Chaos:
             if not self.downgrade():
                 return "format-1 restart: skipped (no 0.1 table can be rebuilt for this one)"
             self.faults["restart over a format-1 table"] += 1
-            ray.kill(self.ctl.handle, no_restart=False)
+            self.kill_controller()
             return "FAULT table rewritten as format 1, controller killed"
         if r < 0.88:
             nodes = self.gpu_nodes()
@@ -181,31 +184,48 @@ class Chaos:
         self.cluster.wait_for_nodes()
         return f"add node {node.node_id[:8]}"
 
+    def kill_controller(self) -> None:
+        """Kill the controller (Ray restarts it). After a GCS restart Ray 2.60 may drop
+        the kill ("Not sending KillLocalActorRequest because Actor has not been assigned
+        a lease"): then its process is killed instead, as a crash would."""
+        before = self._controller_pid()
+        ray.kill(self.ctl.handle, no_restart=False)
+        if self.wait(lambda: self._controller_pid() != before, 10):
+            return
+        self.faults["Ray dropped a kill: process killed"] += 1
+        if before:
+            os.kill(before, signal.SIGKILL)
+
+    @staticmethod
+    def _controller_pid() -> int:
+        for a in ray._private.state.state.actor_table(None).values():
+            if a.get("Name") == "placectl" and a.get("State") == "ALIVE":
+                return int(a.get("Pid") or 0)
+        return 0
+
     def queued(self, job: str) -> str:
-        """Reserve ``job`` in its queue at a random priority, waiting in a thread."""
-        if job in self.waiting and self.waiting[job].is_alive():
+        """Reserve ``job`` in its queue at a random priority, from a driver process of its
+        own that waits (a whole-head restart may end it, as it ends any driver on the
+        head; its queued record stays, and the controller places it)."""
+        if job in self.waiting and self.waiting[job].poll() is None:
             return f"queue {job}: still waiting"
         spec = self.rng.choice(SPECS)
         priority = self.rng.randrange(1, 6)
+        queue = "chaos" if job == "q3" else "order"
         self.ops["queued reserve"] += 1
-
-        def wait() -> None:
-            try:
-                self.ctl.reserve(
-                    job,
-                    spec,
-                    timeout_s=30,
-                    queue="chaos" if job == "q3" else "order",
-                    priority=priority,
-                    progress=lambda m: None,
-                )
-                self.ops["queued reserve placed"] += 1
-            except Exception:
-                self.ops["queued reserve left the queue"] += 1
-
-        self.waiting[job] = threading.Thread(target=wait, daemon=True)
-        self.waiting[job].start()
-        return f"queue {job} priority {priority} {spec['component_placement']}"
+        code = (
+            "import json, sys, clients\n"
+            "spec = json.loads(sys.argv[1])\n"
+            f"clients.connect(address={self.cluster.address!r}).reserve({job!r}, spec, "
+            f"timeout_s=30, queue={queue!r}, priority={priority}, progress=lambda m: None)\n"
+        )
+        self.waiting[job] = subprocess.Popen(
+            [sys.executable, "-c", code, json.dumps(spec)],
+            cwd=pathlib.Path(__file__).resolve().parents[1],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        return f"queue {job} {queue} priority {priority} {spec['component_placement']}"
 
     def apply(self, job: str) -> str:
         """Apply another configuration to a live reservation, a third of the time with
@@ -493,6 +513,8 @@ class Chaos:
         return bad
 
     def close(self) -> None:
+        for p in self.waiting.values():
+            p.kill()
         try:
             self.ctl.release_all(force=True)
         finally:
