@@ -47,6 +47,20 @@ KNOWN = {
     "LOCAL_ACCELERATOR_RANK": "robot/node process: -1 (holds none)",
 }
 RUN_ONLY = {"GROUP_NAME", "WORKER_NAME"}  # names of the run, not of the placement
+# What RLinf sets and placectl need not: names of the run and the RLinf cluster, the
+# accelerator's identity, RLinf's accelerator-neutral copy of the devices, and settings
+# for NCCL and MuJoCo. Any other RLinf variable missing from placectl's env is a failure.
+RLINF_ONLY = RUN_ONLY | {
+    "CLUSTER_NAMESPACE",
+    "RAY_ACTOR",
+    "CATCH_SYSTEM_FAILURE",
+    "ACCELERATOR_TYPE",
+    "ACCELERATOR_MODEL",
+    "VISIBLE_DEVICES",
+    "MUJOCO_EGL_DEVICE_ID",
+    "NCCL_CUMEM_ENABLE",
+    "TORCH_NCCL_AVOID_RECORD_STREAMS",
+}
 
 
 def installed_rlinf() -> types.SimpleNamespace | None:
@@ -213,7 +227,7 @@ def main() -> int:
         files["placectl's own environment agrees with RLinf's"] += not own
         files["placectl's own environment differs"] += bool(own)
         listed += [f"{rel}: {d}" for d in (builder + own)[: None if args.details else 3]]
-    keys_only["RLinf"], keys_only["placectl"] = _only_keys(rl, args.gpus_per_node)
+    keys_only["RLinf"], keys_only["placectl"] = only_keys(rl, args.gpus_per_node)
     print(f"RLinf configurations compared ({args.gpus_per_node} GPUs per node):")
     print()
     print("| result | files |")
@@ -230,11 +244,14 @@ def main() -> int:
     print("set by placectl only:", ", ".join(sorted(keys_only["placectl"])))
     for line in listed:
         print("  " + line)
+    missing = keys_only["RLinf"] - RLINF_ONLY
+    if missing:
+        print("RLinf sets, placectl does not:", ", ".join(sorted(missing)))
     bad = files["builder: environments differ"] + files["placectl's own environment differs"]
-    return 1 if bad else 0
+    return 1 if bad or missing else 0
 
 
-def _only_keys(rl, gpus: int) -> tuple[set[str], set[str]]:
+def only_keys(rl, gpus: int) -> tuple[set[str], set[str]]:
     """The variables one side sets and the other never does, on a plain block."""
     from controller import ClusterView, ComponentPlacement, load_spec
     from controller.state.environment import worker_env

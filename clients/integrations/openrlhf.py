@@ -51,9 +51,9 @@ What this module relies on in OpenRLHF, and what breaks if OpenRLHF changes it:
 from __future__ import annotations
 
 import threading
-import warnings
 from typing import Any
 
+from clients.integrations import warn_if_not
 from clients.integrations.openrlhf_layout import engine_layout, training_layout
 from clients.workers import options_for
 from controller.errors import PlacementError
@@ -72,21 +72,7 @@ except ImportError as e:  # pragma: no cover - exercised only without openrlhf
     ) from None
 
 
-def _installed_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("openrlhf")
-    except PackageNotFoundError:  # pragma: no cover - a source checkout
-        return "unknown"
-
-
-if _installed_version() != OPENRLHF_VERSION:
-    warnings.warn(
-        f"placectl's OpenRLHF integration was written against openrlhf {OPENRLHF_VERSION}, "
-        f"this is {_installed_version()}; see the module docstring for what it relies on",
-        stacklevel=2,
-    )
+warn_if_not("openrlhf", OPENRLHF_VERSION, "OpenRLHF")
 
 
 def _master(component: str, assignments: list[Assignment]) -> tuple[str, int]:

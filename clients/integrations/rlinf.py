@@ -64,9 +64,9 @@ What this module relies on in RLinf, and what breaks if RLinf changes it:
 from __future__ import annotations
 
 import threading
-import warnings
 from typing import Any
 
+from clients.integrations import warn_if_not
 from clients.session import DEFAULT_NAME, connect
 from controller.errors import PlacementError
 from controller.planning.spec import load_spec
@@ -91,21 +91,7 @@ except ImportError as e:  # pragma: no cover - exercised only without rlinf
     ) from None
 
 
-def _installed_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("rlinf")
-    except PackageNotFoundError:  # pragma: no cover - a source checkout
-        return "unknown"
-
-
-if _installed_version() != RLINF_VERSION:
-    warnings.warn(
-        f"placectl's RLinf integration was written against rlinf {RLINF_VERSION}, this is "
-        f"{_installed_version()}; see the module docstring for what it relies on",
-        stacklevel=2,
-    )
+warn_if_not("rlinf", RLINF_VERSION, "RLinf")
 
 
 class ReservedCluster(Cluster):

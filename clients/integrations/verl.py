@@ -30,12 +30,12 @@ hand it placement groups.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
+from clients.integrations import warn_if_not
 from clients.workers import WORKER_NAMESPACE, detached_worker, options_for
 from controller.errors import PlacementError
 from controller.state.assignments import Assignment
@@ -43,7 +43,6 @@ from controller.state.assignments import Assignment
 VERL_VERSION = "0.9.1"
 
 try:
-    import verl
     from verl.single_controller.ray.base import (
         RayClassWithInitArgs,
         RayResourcePool,
@@ -57,13 +56,7 @@ except ImportError as e:  # pragma: no cover - exercised only without verl
         f"pip install verl=={VERL_VERSION} ({e})"
     ) from None
 
-if getattr(verl, "__version__", "") != VERL_VERSION:
-    warnings.warn(
-        f"placectl's verl integration was written against verl {VERL_VERSION}, this is "
-        f"{getattr(verl, '__version__', 'unknown')}; see the module docstring for what it "
-        "relies on",
-        stacklevel=2,
-    )
+warn_if_not("verl", VERL_VERSION, "verl")
 
 
 class PlacectlResourcePool(RayResourcePool):

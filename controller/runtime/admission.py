@@ -106,11 +106,12 @@ class Admitter:
     async def tick(self) -> None:
         """Release preempted reservations whose deadline passed; run a pass if something
         changed or the recheck period passed."""
-        now = time.time()
-        for res in list(self._state.records.values()):
+        now, queued = time.time(), False
+        for res in list(self._state.records.values()):  # one pass per tick
             if res.preempt_at and res.preempt_at <= now and self._release is not None:
                 self._spawn(self._release_preempted(res.job))
-        if not any(r.state == QUEUED for r in self._state.records.values()):
+            queued = queued or res.state == QUEUED
+        if not queued:
             return
         if self._dirty or time.monotonic() - self._last >= RECHECK_PERIOD_S:
             await self.admit()
@@ -321,19 +322,15 @@ class Admitter:
 
     def _used(self) -> dict[str, dict[str, float]]:
         """What each queue's placed (and admitted, not yet placed) reservations hold."""
-        used: dict[str, dict[str, float]] = {}
+        held: dict[str, list[dict[str, float]]] = {}
         for res in self._state.records.values():
-            if not res.queue:
-                continue
-            mine = used.setdefault(res.queue, {})
-            if res.state == QUEUED:
-                needs = self._admitted.get(res.job, {}).values()
-            else:
-                needs = [s.need() for s in res.slots]
-            for need in needs:
-                for k, v in need.items():
-                    mine[k] = mine.get(k, 0.0) + v
-        return used
+            if res.queue:
+                mine = held.setdefault(res.queue, [])
+                if res.state == QUEUED:
+                    mine.extend(self._admitted.get(res.job, {}).values())
+                else:
+                    mine.extend(s.need() for s in res.slots)
+        return {queue: queueing.add_up(needs) for queue, needs in held.items()}
 
     def _name(self, node_id: str) -> str:
         info = self._nodes.info(node_id)

@@ -44,7 +44,7 @@ from controller.state.change import ApplySummary, Change, bound_view, plan_slots
 from controller.state.plan import JobPlan
 from controller.state.ports import MASTER
 from controller.state.published import publish
-from controller.state.queueing import quota_excess
+from controller.state.queueing import add_up, quota_excess
 from controller.state.records import READY, Applying, ReservationRecord
 from controller.state.table import StoredPlan
 
@@ -164,7 +164,7 @@ class Applier:
             if other.queue == res.queue and other.job != res.job
             for s in other.slots
         ]
-        used, wants = _total(others), _total(slots)
+        used, wants = add_up(s.need() for s in others), add_up(s.need() for s in slots)
         over = quota_excess(limit, used, wants)
         if over:
             shown = ", ".join(f"{k} {v:g} (quota {limit[k]:g})" for k, v in sorted(over.items()))
@@ -335,11 +335,3 @@ class Applier:
             log.warning("apply to %r rolled back; clearing its intent failed: %s", res.job, e)
         if rebuilt:
             self._checker.recheck(res.job)  # its removed slots are made again by the repair
-
-
-def _total(slots: list) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for slot in slots:
-        for k, v in slot.need().items():
-            out[k] = out.get(k, 0.0) + v
-    return out

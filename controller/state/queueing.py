@@ -75,11 +75,7 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     why: str = ""
 
     def total(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for need in (self.needs or {}).values():
-            for k, v in need.items():
-                out[k] = out.get(k, 0.0) + v
-        return out
+        return add_up((self.needs or {}).values())
 
 
 class Holding(msgspec.Struct, frozen=True, kw_only=True):
@@ -166,6 +162,15 @@ def quota_excess(
 def order(entries: Iterable[Entry]) -> list[Entry]:
     """The admission order: priority (higher first), then arrival, then name."""
     return sorted(entries, key=lambda e: (-e.priority, e.queued_at, e.job))
+
+
+def add_up(amounts: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Resource amounts summed (``{"GPU": 1} + {"GPU": 1, "CPU": 2}``)."""
+    out: dict[str, float] = {}
+    for amount in amounts:
+        for k, v in amount.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
 
 
 def needs_by_node(slots: Iterable[tuple[str, Mapping[str, float]]]) -> dict[str, dict[str, float]]:
@@ -278,6 +283,7 @@ __all__ = [
     "Entry",
     "Holding",
     "Terms",
+    "add_up",
     "decide",
     "needs_by_node",
     "order",

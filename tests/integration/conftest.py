@@ -41,6 +41,36 @@ def local_cluster(gpu_nodes: int = GPU_NODES):
     c.shutdown()
 
 
+def site_cluster(site: str, head: dict, gpu_nodes: int, env: dict | None = None):
+    """A local cluster whose processes import from ``tests/integration/<site>`` first (a
+    framework's stand-ins) and see ``env``, with the head ``head`` and ``gpu_nodes``
+    nodes of 4 fake GPUs and 4 CPUs; yields ``(cluster, nodes)`` and restores the
+    environment after. For a module fixture to yield from."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(here))
+    changed = {"PYTHONPATH", *(env or {})}
+    saved = {k: os.environ.get(k) for k in changed}
+    os.environ.update(env or {})
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(here, site), repo, *filter(None, [saved["PYTHONPATH"]])]
+    )
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    c = Cluster(initialize_head=True, head_node_args=head)
+    nodes = [c.add_node(num_cpus=GPUS_PER_NODE, num_gpus=GPUS_PER_NODE) for _ in range(gpu_nodes)]
+    c.wait_for_nodes()
+    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
+    try:
+        yield c, nodes
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """Head (no GPUs) + two nodes of 4 fake GPUs and 4 CPUs each."""

@@ -25,11 +25,11 @@ if importlib.util.find_spec("openrlhf") is None:
     pytest.skip("openrlhf==0.11.2 is installed by scripts/test", allow_module_level=True)
 
 import ray
-from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table
 
 import clients
 from controller.runtime.ray_io import group_handle
+from tests.integration.conftest import site_cluster
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
@@ -39,24 +39,8 @@ BATCH = list(range(10))  # the driver's batch
 
 @pytest.fixture(scope="module")
 def orl_cluster():
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(HERE / "openrlhf_site"), str(REPO), *filter(None, [saved])]
-    )
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 0})
-    nodes = [c.add_node(num_cpus=4, num_gpus=4) for _ in range(3)]
-    c.wait_for_nodes()
-    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
-    try:
-        yield c, nodes
-    finally:
-        ray.shutdown()
-        c.shutdown()
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
+    """A head without GPUs and three nodes of 4 fake GPUs; vLLM stood in for."""
+    yield from site_cluster("openrlhf_site", {"num_cpus": 4, "num_gpus": 0}, 3)
 
 
 def _driver(address: str, job: str, layout: str, out: Path, hold: bool = False):

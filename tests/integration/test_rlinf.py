@@ -20,12 +20,11 @@ import pytest
 
 pytest.importorskip("rlinf.scheduler", reason="rlinf==0.3.0 is installed by scripts/test")
 
-import ray
-from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table
 
 import clients
 from controller.runtime.ray_io import group_handle
+from tests.integration.conftest import site_cluster
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
@@ -37,26 +36,9 @@ JOB = "rlinf-dagger"
 @pytest.fixture(scope="module")
 def rl_cluster():
     """Head and two nodes, 4 fake GPUs each; RLinf's probe sees them (rlinf_site)."""
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "PLACECTL_FAKE_NVML")}
-    os.environ["PLACECTL_FAKE_NVML"] = "1"
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(HERE / "rlinf_site"), str(REPO), *filter(None, [saved["PYTHONPATH"]])]
+    yield from site_cluster(
+        "rlinf_site", {"num_cpus": 8, "num_gpus": 4}, 2, {"PLACECTL_FAKE_NVML": "1"}
     )
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "num_gpus": 4})
-    nodes = [c.add_node(num_cpus=4, num_gpus=4) for _ in range(2)]
-    c.wait_for_nodes()
-    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
-    try:
-        yield c, nodes
-    finally:
-        ray.shutdown()
-        c.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _driver(address: str, out: Path, hold: bool = False) -> subprocess.Popen:

@@ -93,3 +93,10 @@ def test_a_wrong_variable_is_caught(rl, monkeypatch):
     monkeypatch.setattr(environment, "worker_env", off_by_one)
     _, own, _ = env_conformance.compare(BLOCKS["maniskill ppo"], rl, 8)
     assert own and all("CLUSTER_NODE_RANK" in d for d in own)
+
+
+def test_placectl_sets_every_placement_variable_rlinf_sets(rl):
+    """Only the run's names, the accelerator's identity and NCCL/MuJoCo settings are
+    RLinf's alone; a plain class on a reservation finds everything else."""
+    rlinf_only, _ = env_conformance.only_keys(rl, 8)
+    assert rlinf_only <= env_conformance.RLINF_ONLY, rlinf_only - env_conformance.RLINF_ONLY
