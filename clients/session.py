@@ -358,6 +358,11 @@ class Controller(ChangeClient, QueueClient):
     def list(self) -> list[ReservationInfo]:
         return _INFOS.decode(self.call("list"))
 
+    def suspects(self, job: str) -> list[str]:
+        """The nodes of ``job`` whose raylets do not answer and that the controller has
+        not fenced yet; asking fences a node whose raylet refuses connections."""
+        return self.call("suspects", job)
+
     def release(self, job: str, force: bool = False) -> bool:
         """Release ``job`` (cancelling a reserve of it in progress); True if it existed.
         Returns once Ray reports every group gone. Idempotent. Another client's

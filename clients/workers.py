@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import ray
 
+from clients import verdict
 from clients.sync import SyncResult, can_keep, plan_sync
 from controller import PlacementError
 from controller.errors import ReservationTimeout
@@ -44,12 +45,6 @@ def detached_worker(name: str, kind: str = "worker") -> Any:
 
 def _actor_class(worker_cls: Any) -> Any:
     return worker_cls if hasattr(worker_cls, "options") else ray.remote(worker_cls)
-
-
-def _actor_dead(actor: Any) -> bool:
-    """Whether Ray's actor table says the actor is dead (one GCS round trip)."""
-    entry = ray._private.state.state.actor_table(actor._actor_id.hex())
-    return not entry or entry.get("State") == "DEAD"
 
 
 def _check_env(env: dict[str, str] | None) -> dict[str, str]:
@@ -370,26 +365,42 @@ class WorkerGroup:
         return [
             r
             for r, (a, actor) in enumerate(zip(self._assignments, self._actors, strict=True))
-            if a.placement.node_id in nodes or actor is None or _actor_dead(actor)
+            if a.placement.node_id in nodes or actor is None or verdict.actor_dead(actor)
         ]
 
     def repair(
-        self, timeout: float = 120.0, progress: Callable[[str], None] | None = None
+        self,
+        timeout: float = 120.0,
+        progress: Callable[[str], None] | None = None,
+        hung_after: float | None = 10.0,
     ) -> list[int]:
-        """Relaunch exactly the ranks that are dead, where the reservation now puts them.
+        """Relaunch exactly the ranks that are gone, where the reservation now puts them.
 
-        First waits until the reservation is ready with none of its nodes dead as Ray
-        reports them (the controller replacing a lost node's slot takes about a
-        second), so a call the instant a node is lost does what a call a second later
-        does. Then relaunches every rank that is dead (:meth:`dead_ranks`: lost with
-        its node, or its actor died while its node lived, which restarts it in its own
-        bundle) or whose bundle moved, each with its current environment (a new
-        MASTER_ADDR/PORT if rank 0 moved; the surviving ranks keep running and read
-        theirs again with ``clients.current()`` when they rejoin), and waits until they
-        have started.
+        A rank whose worker does not answer is a suspect: its node may have died without
+        a word (Ray still calls it alive), or it may be hung. ``repair`` first waits,
+        at most ``hung_after`` seconds, for the verdict: the controller fences a node
+        whose raylet refuses connections at once and one that stays silent after a few
+        seconds, and Ray then reports its ranks dead. A suspect that answers again was
+        only slow and is left alone; one still silent on a live node after
+        ``hung_after`` seconds is hung and killed. A worker that is merely busy (a long
+        step, a loop holding the GIL) answers and is never a suspect.
+
+        Then it waits until the reservation is ready with none of its nodes dead, and
+        relaunches every rank that is dead (:meth:`dead_ranks`) or whose bundle moved,
+        each with its current environment (a new MASTER_ADDR/PORT if rank 0 moved; the
+        surviving ranks keep running and read theirs again with ``clients.current()``
+        when they rejoin), and waits until they have started. So a call the instant a
+        node dies, abruptly or not, does what a call a minute later does.
+
+        Args:
+            timeout: for the whole repair.
+            progress: where to say what it waits for (default stderr).
+            hung_after: how long a silent rank on a live node may stay silent before it
+                is killed as hung; ``None`` waits as long for Ray's verdict but kills
+                nothing.
 
         Returns:
-            The relaunched ranks (empty when none was dead or moved).
+            The relaunched ranks (empty when none was gone or moved).
 
         Raises:
             ReservationTimeout: the reservation is not ready within ``timeout``.
@@ -403,7 +414,9 @@ class WorkerGroup:
             )
         started = time.monotonic()
         res = self.reservation
-        res.wait_ready(timeout, progress=progress)
+        say = progress or (lambda m: print(f"placectl: {m}", file=sys.stderr, flush=True))
+        self._judge_suspects(min(hung_after or 10.0, timeout), hung_after is not None, say)
+        res.wait_ready(max(timeout - (time.monotonic() - started), 1.0), progress=progress)
         fresh = res.assignments(self.component)
         if len(fresh) != len(self._assignments):
             raise PlacementError(
@@ -420,6 +433,54 @@ class WorkerGroup:
             remaining = max(timeout - (time.monotonic() - started), 1.0)
             wait_until_ready([self._actors[r] for r in lost], label, remaining, progress)
         return lost
+
+    def _judge_suspects(self, within: float, kill_hung: bool, say) -> None:
+        """Wait for Ray's verdict on the ranks that do not answer (see :meth:`repair`);
+        kill the ones hung on a live node if ``kill_hung``."""
+        res = self.reservation
+        # The controller asks the raylets first: one that refuses is fenced by this call
+        # (a dead node's workers may still answer for a moment after their raylet died).
+        nodes = set(res.controller.suspects(res.job))
+        live = [r for r, a in enumerate(self._actors) if a is not None]
+        suspects = [live[i] for i in verdict.unanswered([self._actors[r] for r in live])]
+        suspects += [r for r in live if self._assignments[r].placement.node_id in nodes]
+        suspects = sorted(set(suspects) - set(self.dead_ranks()))
+        if not suspects:
+            return
+        hung = verdict.await_verdict(
+            self._actors,
+            suspects,
+            dead=lambda: set(self.dead_ranks()),
+            ask=lambda: res.controller.suspects(res.job),
+            within=within,
+            say=say,
+        )
+        if hung and kill_hung:
+            say(
+                f"{res.job}/{self.component}: ranks {hung} have not answered for "
+                f"{within:g}s on live nodes: killed as hung"
+            )
+            verdict.kill([self._actors[r] for r in hung])
+
+    def restart(self, ranks: Sequence[int], timeout: float = 120.0) -> list[int]:
+        """Kill ``ranks`` and start them again in their bundles, with the reservation's
+        current assignments; for ranks the job knows are wedged (e.g. blocked in a
+        collective with a peer that vanished). Returns the ranks restarted."""
+        ranks = sorted(set(ranks))
+        bad = [r for r in ranks if not 0 <= r < len(self._actors)]
+        if bad:
+            raise PlacementError(f"ranks {bad}: out of range (0-{len(self._actors) - 1})")
+        if self._launch is None:
+            raise PlacementError("restart() needs the group's constructor arguments")
+        if not ranks:
+            return []
+        res = self.reservation
+        res.wait_ready(timeout)
+        fresh = res.assignments(self.component)
+        self._relaunch(ranks, fresh)
+        self._assignments = fresh
+        wait_until_ready([self._actors[r] for r in ranks], f"{res.job}/{self.component}", timeout)
+        return ranks
 
     def sync(self, restart: bool = False, timeout: float = 300.0) -> SyncResult:
         """Bring the running workers to the reservation's current epoch, after an

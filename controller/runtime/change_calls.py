@@ -13,6 +13,7 @@ import msgspec
 
 from controller.runtime.applying import Applier
 from controller.runtime.leasing import Leaser
+from controller.runtime.liveness import Liveness
 from controller.runtime.repair import Repairer
 from controller.runtime.state import ReservationState
 from controller.state import requests
@@ -30,6 +31,7 @@ class ChangeCalls:
     _applier: Applier
     _repairer: Repairer
     _leaser: Leaser
+    _liveness: Liveness
 
     async def _ready(self) -> None:  # pragma: no cover - the facade's
         raise NotImplementedError
@@ -88,9 +90,13 @@ class ChangeCalls:
 
     async def repair(self, job: str, token: str = "", force: bool = False) -> bytes:
         """Replace the broken slots of a degraded reservation now, whatever its repair
-        policy; returns its status (still degraded, with the reason, if it could not)."""
+        policy; returns its status (still degraded, with the reason, if it could not).
+        A node of the job whose raylet refuses connections is fenced first."""
         await self._ready()
         self._owns(check_job(job), token, check_flag(force, "force"), "repair")
+        res = self._state.get(job)
+        if res is not None and res.settled:
+            await self._liveness.check_now(res.node_ids())
         await self._repairer.repair(job)
         return self._status_bytes(self._state.require(job))
 

@@ -31,6 +31,7 @@ from controller.runtime.diagnostics import DiagnosticCalls
 from controller.runtime.incarnation import FAULT_STEPS, Incarnation, SimulatedCrash
 from controller.runtime.io import ClusterIO
 from controller.runtime.leasing import Leaser
+from controller.runtime.liveness import Liveness
 from controller.runtime.locks import JobLocks
 from controller.runtime.nodes import ClusterNodes
 from controller.runtime.progress import Progress
@@ -152,6 +153,7 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
         self._reserver.admitter = self._admitter
         self._applier = Applier(io, st, nd, lk, ck, ls, pg, inc, cfg, prefix)
         self._reconciler = Reconciler(io, st, nd, lk, ck, self._reserver, rp, cfg, prefix)
+        self._liveness = Liveness(io, st, nd, cfg, self._fenced)
         self._refusal: str | None = None
         self._recovery_problem = ""
         self._recovered = asyncio.Event()
@@ -189,6 +191,7 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
         last_try = float("-inf")  # an unreadable table is read again at the first tick
+        self._liveness.start()
         while not self._incarnation.dead:
             await self._checker.idle(self.settings.reconcile_period)
             try:
@@ -239,6 +242,13 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
         self._loop_task.cancel()
         self._reserver.stop()
         self._repairer.stop()
+        self._liveness.stop()
+
+    def _fenced(self, node: str) -> None:
+        """A node was fenced: its jobs are checked, and repaired, at once."""
+        for job in self._state.jobs_on(node):
+            self._checker.recheck(job)
+        self._checker.wake()
 
     # ------------------------------------------------------------ changes
     async def reserve(
@@ -333,10 +343,28 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
 
     async def status(self, job: str) -> bytes:
         """The encoded :class:`ReservationInfo` of ``job``: never ``ready`` while Ray
-        reports one of its nodes dead."""
+        reports one of its nodes dead, nor while one of its raylets refuses connections
+        (the node is fenced first, see :mod:`controller.runtime.liveness`)."""
         await self._ready()
-        await self._checker.confirm([check_job(job)])
+        await self._suspect(check_job(job))
+        await self._checker.confirm([job])
         return self._status_bytes(self._state.require(job))
+
+    async def _suspect(self, job: str) -> set[str]:
+        """Ask the raylets of ``job``'s nodes now; the ones silent, not yet fenced."""
+        res = self._state.get(job)
+        if res is None or not res.settled:
+            return set()
+        return await self._liveness.check_now(res.node_ids())
+
+    async def suspects(self, job: str) -> list[str]:
+        """The nodes of ``job`` whose raylets do not answer now and that are not fenced
+        yet (each is fenced once silent for ``settings.fence_after``); a refusing one is
+        fenced by this call. Drivers call it when a worker stops answering."""
+        await self._ready()
+        suspects = await self._suspect(check_job(job))
+        await self._checker.confirm([job])
+        return sorted(suspects)
 
     async def list(self) -> bytes:
         """Encoded ``list[ReservationInfo]`` of every reservation, by job name."""

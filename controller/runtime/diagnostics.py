@@ -10,6 +10,7 @@ from typing import Any
 
 from controller.runtime.incarnation import Incarnation
 from controller.runtime.io import ClusterIO
+from controller.runtime.liveness import Liveness
 from controller.runtime.progress import Progress
 from controller.runtime.reserving import Reserver
 from controller.runtime.state import ReservationState
@@ -27,6 +28,7 @@ class DiagnosticCalls:
     _state: ReservationState
     _reserver: Reserver
     _prefix: str
+    _liveness: Liveness
 
     async def progress(self, job: str) -> str:
         """What a reservation in progress is waiting for ("" when nothing)."""
@@ -47,6 +49,7 @@ class DiagnosticCalls:
             "reservations": len(self._state.records),
             "node_events": self._io.watching(),
             "gcs_store": self._io.gcs_store(),
+            "fenced": dict(self._liveness.fenced),
         }
 
     # ------------------------------------------------------------ testing

@@ -44,6 +44,7 @@ class _Node:
         self.bound_ports: set[int] = set()
         self.ephemeral = (32768, 60999)
         self.answers = True
+        self.raylet = "ok"  # what its raylet answers a health check: ok, refused, silent
 
 
 class _Group:
@@ -99,6 +100,7 @@ class FakeCluster:
         # caller stops waiting, as Ray's does
         self.probe_delay = 0.0  # seconds a probe task takes
         self.store = "redis"  # where the GCS keeps its tables (gcs_store)
+        self.fenced: dict[str, str] = {}  # node -> the reason placectl gave Ray
         self._ids = itertools.count(1)
         self._making: set[asyncio.Task] = set()
         self._pending: set[str] = set()  # groups waiting for room, the only ones to retry
@@ -138,6 +140,7 @@ class FakeCluster:
             is_head=head,
             resources=res,
             labels={"ray.io/node-id": node_id, **(labels or {})},
+            raylet=f"{ip or f'10.0.{n // 250}.{n % 250 + 1}'}:{40000 + n}",
         )
         devices = device_ids if device_ids is not None else list(range(num_gpus))
         self.nodes_by_id[node_id] = _Node(info, self.accelerator, devices)
@@ -155,6 +158,12 @@ class FakeCluster:
                 g.state = RESCHEDULING
                 g.ready.clear()
         self._event(NodeEvent(node_id, False))
+
+    def crash_node(self, node_id: str, how: str = "refused") -> None:
+        """The node's processes die at once (``refused``), stop (``silent``, a hang) or go
+        on again (``ok``); Ray calls it alive all along, until it is fenced."""
+        node = self.nodes_by_id[node_id]
+        node.raylet, node.answers = how, how == "ok"
 
     def remove_group_behind_back(self, group_id: str) -> None:
         """Someone else removed a group of ours."""
@@ -229,6 +238,17 @@ class FakeCluster:
         return {
             n for n in node_ids if n not in self.nodes_by_id or not self.nodes_by_id[n].info.alive
         }
+
+    async def node_answers(self, addresses: dict[str, str], timeout: float) -> dict[str, str]:
+        self._cost("node_answers", self.latency.gcs_rtt)
+        nodes = self.nodes_by_id
+        return {n: nodes[n].raylet if n in nodes else "refused" for n in addresses}
+
+    async def fence(self, node_id: str, why: str) -> None:
+        self._cost("fence", self.latency.gcs_rtt)
+        self.fenced[node_id] = why
+        if node_id in self.nodes_by_id and self.nodes_by_id[node_id].info.alive:
+            self.kill_node(node_id)
 
     # ------------------------------------------------------------ groups
     async def create_group(self, name: str, bundles: list[dict[str, float]], node_id: str) -> str:

@@ -30,6 +30,7 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     is_head: bool = False
     resources: dict[str, float] = {}
     labels: dict[str, str] = {}
+    raylet: str = ""  # host:port of the node's raylet, which answers health checks
 
 
 class GroupInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,6 +90,15 @@ class ClusterIO(Protocol):
     async def dead_nodes(self, node_ids: list[str]) -> set[str]:
         """Those of ``node_ids`` that Ray reports dead, or does not know, right now: one
         round trip to the GCS, whatever the cluster's size (only these nodes are asked)."""
+        ...
+
+    async def node_answers(self, addresses: dict[str, str], timeout: float) -> dict[str, str]:
+        """Whether each node's raylet (``node id -> host:port``) answers a health check:
+        ``ok``, ``refused`` or ``silent`` (:mod:`controller.runtime.answers`)."""
+        ...
+
+    async def fence(self, node_id: str, why: str) -> None:
+        """Have Ray mark ``node_id`` dead now, with ``why`` as the reason it shows."""
         ...
 
     # Placement groups.

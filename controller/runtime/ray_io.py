@@ -17,7 +17,7 @@ import ray
 from ray._raylet import NodeID, PlacementGroupID
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 
-from controller.runtime import gcs_wait
+from controller.runtime import answers, gcs_wait
 from controller.runtime import probe as tasks
 from controller.runtime.io import HEAD_RESOURCE, DeviceInfo, GroupInfo, NodeEvent, NodeInfo
 from controller.runtime.metrics import RayMetrics
@@ -46,6 +46,9 @@ def node_infos() -> list[NodeInfo]:
                 is_head=HEAD_RESOURCE in res,
                 resources={str(k): float(v) for k, v in res.items()},
                 labels={str(k): str(v) for k, v in (n.get("Labels") or {}).items()},
+                raylet=f"{n['NodeManagerAddress']}:{n['NodeManagerPort']}"
+                if n.get("NodeManagerAddress") and n.get("NodeManagerPort")
+                else "",
             )
         )
     return out
@@ -166,6 +169,13 @@ class RayClusterIO:
             lambda t: self._gcs().async_check_alive(wanted, t),
         )
         return {n for n, up in zip(ids, alive, strict=True) if not up}
+
+    async def node_answers(self, addresses: dict[str, str], timeout: float) -> dict[str, str]:
+        return await asyncio.to_thread(answers.answers, addresses, timeout)
+
+    async def fence(self, node_id: str, why: str) -> None:
+        gcs = ray.get_runtime_context().gcs_address
+        await asyncio.to_thread(fence_node, gcs, node_id, why)
 
     def watching(self) -> str:
         """How node events arrive: ``subscribed`` (pushed by the GCS), ``reconnecting``
@@ -346,3 +356,27 @@ def _on(node_id: str):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return NodeAffinitySchedulingStrategy(node_id, soft=False)
+
+
+# The GCS's own reason for a node lost without notice (ray.rpc.NodeDeathInfo.Reason).
+_UNEXPECTED_TERMINATION = 2
+
+
+def fence_node(gcs_address: str, node_id: str, why: str, timeout: float = 10.0) -> None:
+    """Tell the GCS that ``node_id`` is dead now, as its raylet would on leaving.
+
+    Ray then does what it does after its own health checks give up: the node's actors
+    are dead, its placement-group bundles are rescheduled, and every subscriber hears
+    the node died. A raylet of a fenced node that comes back (``SIGCONT``, a healed
+    partition) is told it is dead and exits, and its workers exit with it; it never
+    gets its node id back. Idempotent: a node already dead is left as it is.
+    """
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    request = gcs_service_pb2.UnregisterNodeRequest(node_id=bytes.fromhex(node_id))
+    request.node_death_info.reason = _UNEXPECTED_TERMINATION
+    request.node_death_info.reason_message = why
+    with grpc.insecure_channel(gcs_address) as channel:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        stub.UnregisterNode(request, timeout=timeout)

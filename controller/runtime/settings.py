@@ -34,6 +34,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # restart): it was admitted because it fits, so this is quick unless someone else's
     # actors took the room meanwhile; then it is queued again.
     admitted_place_timeout: float = 120.0
+    # Raylets of the nodes holding slots are asked whether they answer this often, each
+    # given this long: a raylet answers in milliseconds from its gRPC threads, however
+    # busy its node (controller.runtime.liveness).
+    liveness_period: float = 1.0
+    liveness_timeout: float = 1.0
+    # A raylet refusing connections twice this far apart is gone: its node is fenced.
+    refused_confirm: float = 0.2
+    # A raylet silent this long is stopped, hung or cut off: its node is fenced, well
+    # before Ray's own health checks give up (15 s and more with Ray's defaults). Long
+    # enough that a node loaded to its limit still answers once in between.
+    fence_after: float = 5.0
     # A preemptible reservation taken back for one of higher priority keeps running this
     # long (its deadline, visible to its drivers and workers) before it is released.
     preempt_grace: float = 60.0
@@ -49,5 +60,9 @@ FAST = Settings(
     port_check_timeout=0.2,
     admitted_place_timeout=2.0,
     preempt_grace=0.2,
+    liveness_period=0.005,
+    liveness_timeout=0.01,
+    refused_confirm=0.0,
+    fence_after=0.05,
 )
 """Settings for unit tests on the fake cluster, where nothing takes real time."""

@@ -1,0 +1,117 @@
+"""Which ranks of a worker group are gone: Ray's verdict, and the evidence before it.
+
+Ray calls a worker alive until it learns otherwise: at once when a worker process dies
+on a live node, but only after its health checks give up (15 s and more with Ray's
+defaults) when the whole node dies abruptly or hangs. Meanwhile the evidence is there:
+the worker's process does not answer (:mod:`controller.runtime.answers`). A rank that
+does not answer is a *suspect*; :func:`await_verdict` waits, bounded, until each suspect
+answers again (it was only slow to) or Ray reports it dead (the controller fences a node
+whose raylet is gone, see :mod:`controller.runtime.liveness`), and reports the ones that
+stayed silent on a node that lives: stopped or hung processes.
+
+A worker that is only slow (a long step, a loop holding the GIL, a GC pause) answers
+from its RPC threads and is never a suspect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+
+from controller.runtime.answers import OK, answers
+
+ANSWER_TIMEOUT_S = 1.0
+
+
+def _actor_entry(actor: Any) -> dict:
+    return ray._private.state.state.actor_table(actor._actor_id.hex()) or {}
+
+
+def actor_dead(actor: Any) -> bool:
+    """Whether Ray's actor table says the actor is dead (one GCS round trip)."""
+    entry = _actor_entry(actor)
+    return not entry or entry.get("State") == "DEAD"
+
+
+def unanswered(actors: Sequence[Any], timeout: float = ANSWER_TIMEOUT_S) -> list[int]:
+    """The indices of ``actors`` whose process does not answer now (dead ones, and
+    missing ones, ``None``, included): one health check each, all at once."""
+    addresses: dict[str, str] = {}
+    gone = []
+    for i, actor in enumerate(actors):
+        entry = _actor_entry(actor) if actor is not None else {}
+        address = entry.get("Address") or {}
+        if entry.get("State") != "ALIVE" or not address.get("Port"):
+            gone.append(i)  # dead, restarting, or not started yet: no process to ask
+            continue
+        addresses[str(i)] = f"{address['IPAddress']}:{address['Port']}"
+    got = answers(addresses, timeout)
+    return sorted(gone + [int(i) for i, a in got.items() if a != OK])
+
+
+def await_verdict(
+    actors: Sequence[Any],
+    suspects: list[int],
+    dead: Callable[[], set[int]],
+    ask: Callable[[], None],
+    within: float,
+    say: Callable[[str], None],
+) -> list[int]:
+    """Wait until every suspect rank answers again or Ray reports it dead, at most
+    ``within`` seconds; returns the ranks still silent then while Ray calls them
+    alive (hung). ``dead()`` gives the ranks Ray reports dead now; ``ask()`` has the
+    controller look at the reservation's nodes (it fences a node whose raylet is gone)."""
+    started = time.monotonic()
+    left = sorted(suspects)
+    said = False
+    while left:
+        ask()
+        gone = dead()
+        left = [r for r in left if r not in gone]
+        if left:
+            silent = set(unanswered([actors[r] for r in left]))
+            left = [r for i, r in enumerate(left) if i in silent and r not in gone]
+        waited = time.monotonic() - started
+        if not left or waited >= within:
+            break
+        if not said and waited >= 1.0:
+            say(f"ranks {left} do not answer; waiting up to {within:g}s for Ray's verdict")
+            said = True
+        time.sleep(0.2)
+    return left
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _kill_pid(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def kill(actors: Sequence[Any], within: float = 10.0) -> None:
+    """Kill hung actors and wait until Ray reports them dead. A stopped process does
+    not take Ray's polite kill, so its node is asked to ``SIGKILL`` its pid too."""
+    pids = {}
+    for actor in actors:
+        entry = _actor_entry(actor)
+        if entry.get("Pid") and entry.get("Address", {}).get("NodeID"):
+            pids[entry["Pid"]] = entry["Address"]["NodeID"]
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    refs = [
+        _kill_pid.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+        ).remote(pid)
+        for pid, node in pids.items()
+    ]
+    ray.wait(refs, num_returns=len(refs), timeout=within)
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and not all(actor_dead(a) for a in actors):
+        time.sleep(0.1)

@@ -1,0 +1,57 @@
+"""Does a Ray process answer? One gRPC health check against its port.
+
+Every Ray process that serves gRPC (a node's raylet, an actor's core worker) answers the
+standard health check from its own RPC threads, which neither a long task nor a Python
+loop holding the GIL delays (measured on Ray 2.60: 2-5 ms while a worker sleeps or
+spins). So the answer tells a process that runs from one that does not:
+
+* ``ok``: it answered;
+* ``refused``: nothing listens on its port: the process is gone;
+* ``silent``: no answer in time: stopped (``SIGSTOP``, a hung kernel), cut off, or a
+  machine that vanished without a word (no reset comes from a machine that is off).
+
+Used by the controller for raylets (:mod:`controller.runtime.liveness`) and by worker
+groups for their ranks (:mod:`clients.workers`). Imports ``grpc`` only when called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+OK, REFUSED, SILENT = "ok", "refused", "silent"
+_METHOD = "/grpc.health.v1.Health/Check"
+
+
+def answers(addresses: Mapping[str, str], timeout: float) -> dict[str, str]:
+    """Ask every ``key -> host:port`` at once; ``key -> ok | refused | silent`` within
+    about ``timeout`` seconds, whatever their number. An empty address is ``refused``."""
+    import grpc
+
+    out: dict[str, str] = {}
+    pending = []
+    for key, address in addresses.items():
+        if not address:
+            out[key] = REFUSED
+            continue
+        channel = grpc.insecure_channel(address)
+        call = channel.unary_unary(
+            _METHOD, request_serializer=lambda x: x, response_deserializer=lambda x: x
+        )
+        pending.append((key, channel, call.future(b"", timeout=timeout)))
+    for key, channel, future in pending:
+        try:
+            future.result()
+            out[key] = OK
+        except grpc.RpcError as e:
+            out[key] = _verdict(e.code(), e.details() or "")
+        finally:
+            channel.close()
+    return out
+
+
+def _verdict(code, details: str) -> str:
+    import grpc
+
+    if code == grpc.StatusCode.UNAVAILABLE and "refused" in details.lower():
+        return REFUSED
+    return SILENT

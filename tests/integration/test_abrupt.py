@@ -1,0 +1,194 @@
+"""Machines that fail as real ones do, on a real local cluster, with the user's calls made
+the instant the fault happens: a node killed without a word, a hung node that comes
+back after it was given up, a worker killed by the OOM killer, a worker stopped inside
+a call, a raylet killed alone. And the converse: a slow worker is not a dead one.
+
+Every verdict is Ray's (its node table, its actor table, what a worker's own runtime
+context says), never placectl's record of itself."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import ray
+
+import clients
+from tests.integration import machines
+from tests.integration.conftest import local_cluster, wait_for
+
+GPUS = 4
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head (no GPUs) + three nodes of 4 fake GPUs: two to reserve, one spare."""
+    yield from local_cluster(gpu_nodes=3)
+
+
+class Worker:
+    def ping(self):
+        ctx = ray.get_runtime_context()
+        return {
+            "epoch": os.environ["PLACECTL_EPOCH"],
+            "pid": os.getpid(),
+            "node": ctx.get_node_id(),
+        }
+
+    def spin(self, seconds: float) -> int:
+        end = time.time() + seconds
+        n = 0
+        while time.time() < end:  # holds the GIL all along
+            n += 1
+        return n
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def spec() -> dict:
+    return {"num_nodes": 3, "component_placement": {"actor": "0-7"}}
+
+
+def ray_node_alive(node_id: str) -> bool:
+    return next(n["Alive"] for n in ray.nodes() if n["NodeID"] == node_id)
+
+
+def ray_death_reason(node_id: str) -> str:
+    """Why Ray's node table says the node died."""
+    return next(n.get("DeathReasonMessage") or "" for n in ray.nodes() if n["NodeID"] == node_id)
+
+
+def node_of(cluster, node_id: str):
+    return next(n for n in cluster.list_all_nodes() if n.node_id == node_id)
+
+
+def restore(cluster, count: int = 3) -> None:
+    while sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")) < count:
+        cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
+    cluster.wait_for_nodes()
+
+
+def launch(ctl, job: str):
+    res = ctl.reserve(job, spec(), timeout_s=120)
+    group = clients.WorkerGroup.launch(res, "actor", Worker)
+    return res, group, group.execute("ping")
+
+
+def check_where_ray_says(group, ranks) -> list[dict]:
+    """Each rank runs on the node its assignment names, as the worker's own runtime
+    context reports it."""
+    pings = [group.execute_rank(r, "ping") for r in ranks]
+    for r, p in zip(ranks, pings, strict=True):
+        assert p["node"] == group.assignments[r].placement.node_id
+    return pings
+
+
+def test_abrupt_node_death_repair_at_once_relaunches_exactly_the_lost_ranks(cluster, ctl):
+    for attempt in range(3):  # every time, not most times
+        job = f"abrupt{attempt}"
+        _res, group, before = launch(ctl, job)
+        victim = before[4 * (attempt % 2)]["node"]  # rank 0's node, then rank 4's
+        on_victim = [r for r, p in enumerate(before) if p["node"] == victim]
+        started = time.monotonic()
+        machines.crash(cluster, node_of(cluster, victim))
+        assert ray_node_alive(victim)  # Ray has not noticed yet: the case that matters
+        relaunched = group.repair(timeout=60)
+        took = time.monotonic() - started
+        assert relaunched == on_victim, (attempt, relaunched, on_victim)
+        assert not ray_node_alive(victim)  # fenced through Ray, not only in placectl
+        after = check_where_ray_says(group, range(8))
+        assert all(p["node"] != victim for p in after)
+        kept = [r for r in range(8) if r not in on_victim]
+        assert [after[r]["pid"] for r in kept] == [before[r]["pid"] for r in kept]
+        # placectl's verdict, not Ray's own (whose health checks take 15 s and more)
+        assert "placectl fenced the node" in ray_death_reason(victim)
+        assert took < 30, took
+        group.shutdown()
+        ctl.release(job)
+        restore(cluster)
+
+
+def test_a_slow_worker_is_never_relaunched(cluster, ctl):
+    res, group, before = launch(ctl, "slow")
+    busy = [group.actors[0].spin.remote(15), group.actors[1].sleep.remote(15)]
+    time.sleep(1.0)  # both are inside their calls
+    assert group.repair(hung_after=5, timeout=60) == []
+    assert ray.get(busy)[0] > 0
+    assert [p["pid"] for p in group.execute("ping")] == [p["pid"] for p in before]
+    assert {s.node_id for s in res.refresh().slots} == {s.node_id for s in res.info.slots}
+    assert ctl.health()["fenced"].keys().isdisjoint({p["node"] for p in before})
+    group.shutdown()
+
+
+def test_a_hung_node_is_fenced_and_gets_nothing_when_it_comes_back(cluster, ctl):
+    res, group, before = launch(ctl, "hung")
+    victim = before[4]["node"]
+    node = node_of(cluster, victim)
+    procs = machines.hang(node)
+    started = time.monotonic()
+    relaunched = group.repair(timeout=60)
+    took = time.monotonic() - started
+    assert relaunched == [4, 5, 6, 7]
+    assert not ray_node_alive(victim)
+    assert "has not answered" in ray_death_reason(victim)
+    assert took < 30, took
+    check_where_ray_says(group, range(8))
+    zombies = [before[r]["pid"] for r in relaunched]
+    machines.resume(node, procs)  # back from the dead
+    wait_for(lambda: machines.reap(node), timeout=30)  # its raylet exits, told it is dead
+    assert machines.wait_gone(zombies) == []  # and its workers with it
+    assert not ray_node_alive(victim)
+    assert victim not in {s.node_id for s in res.refresh().slots}
+    assert all(a.placement.node_id != victim for a in res.assignments("actor"))
+    assert group.repair() == []
+    cluster.remove_node(node, allow_graceful=False)
+    group.shutdown()
+    restore(cluster)
+
+
+def test_a_worker_killed_by_the_oom_killer_is_relaunched_in_its_bundle(cluster, ctl):
+    res, group, before = launch(ctl, "oom")
+    machines.signal_pid(before[2]["pid"], signal.SIGKILL)
+    assert group.repair(timeout=60) == [2]
+    after = check_where_ray_says(group, range(8))
+    assert after[2]["node"] == before[2]["node"] and after[2]["pid"] != before[2]["pid"]
+    assert [p["pid"] for i, p in enumerate(after) if i != 2] == [
+        p["pid"] for i, p in enumerate(before) if i != 2
+    ]
+    assert res.refresh().epoch == res.info.epoch  # the reservation did not change
+    group.shutdown()
+
+
+def test_a_worker_stopped_inside_a_call_is_killed_as_hung_and_replaced(cluster, ctl):
+    _res, group, before = launch(ctl, "stall")
+    stuck = group.actors[3].sleep.remote(60)
+    time.sleep(0.5)
+    machines.signal_pid(before[3]["pid"], signal.SIGSTOP)
+    started = time.monotonic()
+    assert group.repair(hung_after=3, timeout=60) == [3]
+    assert time.monotonic() - started >= 3  # it had its time to answer
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(stuck, timeout=30)
+    assert machines.wait_gone([before[3]["pid"]]) == []
+    after = check_where_ray_says(group, range(8))
+    assert after[3]["node"] == before[3]["node"]
+    assert ray_node_alive(before[3]["node"])  # a hung worker is not a hung node
+    group.shutdown()
+
+
+def test_a_raylet_killed_alone_loses_its_node(cluster, ctl):
+    _res, group, before = launch(ctl, "raylet")
+    victim = before[0]["node"]
+    node = node_of(cluster, victim)
+    machines.kill_raylet(node)
+    assert group.repair(timeout=60) == [0, 1, 2, 3]
+    assert not ray_node_alive(victim)
+    after = check_where_ray_says(group, range(8))
+    assert all(p["node"] != victim for p in after)
+    assert machines.wait_gone([before[r]["pid"] for r in range(4)]) == []
+    cluster.remove_node(node, allow_graceful=False)
+    group.shutdown()
+    restore(cluster)

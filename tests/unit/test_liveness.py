@@ -1,0 +1,110 @@
+"""Nodes that die without a word, on the fake cluster: Ray keeps calling them alive, and
+only placectl's own raylet checks (controller.runtime.liveness) can act before Ray's
+health checks give up. Here Ray never gives up, so every repair below is placectl's."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from controller.runtime.settings import FAST
+from tests.unit.fakes import cluster, controller, info, run, spec, stored, until
+
+
+async def _reserved(fake, settings=FAST):
+    ctl = await controller(fake, settings)
+    await ctl.reserve("j", spec("0-7", num_nodes=3))
+    return ctl
+
+
+def test_a_crashed_node_is_fenced_and_its_slot_replaced_while_ray_calls_it_alive():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await _reserved(fake)
+        lost = stored(fake, "j").slots[0].node_id
+        fake.crash_node(lost)  # abrupt: no event, Ray still lists the node alive
+        record = await until(
+            lambda: (r := stored(fake, "j")).epoch == 2 and r.state == "ready" and r
+        )
+        assert lost not in {s.node_id for s in record.slots}
+        assert "refuses connections" in fake.fenced[lost]
+        assert not fake.nodes_by_id[lost].info.alive  # Ray was told, not only placectl
+        assert lost in (await ctl.health())["fenced"]
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_hung_node_is_fenced_only_after_it_stays_silent():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        settings = msgspec.structs.replace(FAST, fence_after=0.5)
+        ctl = await _reserved(fake, settings)
+        hung = stored(fake, "j").slots[1].node_id
+        fake.crash_node(hung, "silent")
+        await asyncio.sleep(0.2)  # silent for less than fence_after: still its slot
+        assert hung not in fake.fenced and stored(fake, "j").epoch == 1
+        assert await ctl.suspects("j") == [hung]
+        await until(lambda: stored(fake, "j").epoch == 2, timeout=5)
+        assert "has not answered" in fake.fenced[hung]
+        fake.crash_node(hung, "ok")  # back from the dead: it stays fenced, gets nothing
+        await asyncio.sleep(0.1)
+        assert hung not in {s.node_id for s in stored(fake, "j").slots}
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_node_that_answers_again_before_the_verdict_keeps_its_slot():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        settings = msgspec.structs.replace(FAST, fence_after=0.3)
+        ctl = await _reserved(fake, settings)
+        slow = stored(fake, "j").slots[0].node_id
+        for _ in range(5):  # silent for 0.15 s at a time, answering in between
+            fake.crash_node(slow, "silent")
+            await asyncio.sleep(0.15)
+            fake.crash_node(slow, "ok")
+            await asyncio.sleep(0.05)
+        assert fake.fenced == {}
+        record = stored(fake, "j")
+        assert record.epoch == 1 and record.state == "ready"
+        assert slow in {s.node_id for s in record.slots}
+        await ctl.stop()
+
+    run(go())
+
+
+def test_status_right_after_an_abrupt_death_is_never_ready_on_the_dead_node():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        slow_watch = msgspec.structs.replace(FAST, liveness_period=60.0)  # only calls ask
+        ctl = await _reserved(fake, slow_watch)
+        lost = stored(fake, "j").slots[0].node_id
+        fake.crash_node(lost)
+        status = info(await ctl.status("j"))  # the instant after: no watch has run
+        assert status.state != "ready" or lost not in {s.node_id for s in status.slots}
+        assert lost in fake.fenced
+        await until(lambda: stored(fake, "j").epoch == 2)
+        await ctl.stop()
+
+    run(go())
+
+
+def test_nodes_without_slots_and_the_head_are_not_watched():
+    async def go():
+        fake = cluster(gpu_nodes=4)
+        ctl = await _reserved(fake)
+        used = {s.node_id for s in stored(fake, "j").slots}
+        spare = next(
+            n for n in fake.alive() if n not in used and not fake.nodes_by_id[n].info.is_head
+        )
+        head = fake.own_node()
+        fake.crash_node(spare)
+        fake.crash_node(head, "silent")
+        await asyncio.sleep(0.2)
+        assert fake.fenced == {}  # Ray's own checks deal with those
+        await ctl.stop()
+
+    run(go())
