@@ -7,12 +7,27 @@ GPUs; one is the spare) unless given ``--address``, and runs the job of
 nodes (``actor``), rollout workers sharing their GPUs (``rollout``), reward workers on
 the head (``reward``). The driver is a separate process, so that it can be killed.
 
-Faults happen on a schedule (``--faults node@5,driver@9,controller@12,grow@15``):
+Faults happen on a schedule (``--faults node@5,driver@9,controller@12,grow@15``). The
+machine faults strike in the middle of a step (after its rollouts) and tell Ray nothing,
+as real machines fail:
 
-* ``node``: the node of trainer rank 0 is removed in the middle of the step (after its
-  rollouts); the driver's loop catches the dead workers, ``repair()`` relaunches them
-  where the controller put the lost slot, they restore the last checkpoint, and the step
-  runs again. A fresh node then joins as the next spare.
+* ``node`` (or ``crash``): every process of trainer rank 0's node is killed at once
+  (``remove_node(allow_graceful=False)``); Ray calls the node alive for 15 s and more.
+  The driver's loop catches the failed step; ``repair()`` waits for the verdict (the
+  controller fences the node within about a second), relaunches the lost ranks where
+  the controller put the lost slot; they restore the last checkpoint, and the step runs
+  again. A fresh node then joins as the next spare.
+* ``hang``: every process of trainer rank 2's node stops (``SIGSTOP``); the controller
+  fences it after 5 s of silence; once Ray reports it dead, the node resumes (``SIGCONT``)
+  and is refused: its raylet exits and its workers with it. Survivors blocked in the
+  collective on it are restarted in their bundles.
+* ``raylet``: the raylet of trainer rank 0's node alone is killed; its workers outlive
+  it for a moment.
+* ``oom``: trainer rank 1's worker process is killed (``SIGKILL``) on a live node; it is
+  relaunched in its own bundle.
+* ``stall``: trainer rank 1's worker process stops (``SIGSTOP``) inside the step; the
+  step misses the job's deadline, ``repair()`` finds the rank silent on a live node and
+  replaces it.
 * ``driver``: the driver is killed while the step's updates are in flight; a new driver
   process attaches to the reservation and its detached workers and goes on from the last
   committed step.
@@ -47,11 +62,15 @@ import msgspec
 import yaml
 from grpo import report
 from grpo.config import TrainConfig
+from grpo.job import MACHINE_FAULTS
+
+from tests.integration import machines
 
 HERE = pathlib.Path(__file__).resolve().parent
 SPEC = HERE / "examples" / "grpo.yaml"
-KINDS = ("node", "driver", "controller", "grow")
+KINDS = ("node", "crash", "hang", "raylet", "oom", "stall", "driver", "controller", "grow")
 GPU_NODES, GPUS = 5, 2
+NODE_FAULTS = ("node", "crash", "hang", "raylet")  # a node is lost: a spare joins after
 
 
 def parse_faults(text: str, steps: int) -> list[tuple[str, int]]:
@@ -95,13 +114,49 @@ class Cluster:
         import clients
 
         self.ctl = clients.connect(address=address)
+        self.hung: list = []  # (node, its stopped processes), until Ray reports it dead
+        self.resumed: list = []  # hung nodes resumed, until their processes are gone
 
-    def lose_node_of(self, job: str) -> str:
-        """Remove the node that holds trainer rank 0 of ``job``; its IP and id."""
-        node = self.ctl.reservation(job).assignments("actor")[0].placement
-        victim = next(n for n in self.local.list_all_nodes() if n.node_id == node.node_id)
-        self.local.remove_node(victim)
-        return f"{node.node_ip} ({node.node_id[:12]})"
+    def _node(self, node_id: str):
+        return next(n for n in self.local.list_all_nodes() if n.node_id == node_id)
+
+    def machine_fault(self, kind: str, data: dict) -> str:
+        """Fail the machine or the process the driver named, as it really fails; what
+        happened, in words."""
+        where = f"{data['node'][:12]}"
+        if kind in ("node", "crash"):
+            machines.crash(self.local, self._node(data["node"]))
+            return f"node {where} of trainer rank {data['rank']} died abruptly"
+        if kind == "raylet":
+            machines.kill_raylet(self._node(data["node"]))
+            return f"the raylet of node {where} (trainer rank {data['rank']}) was killed"
+        if kind == "hang":
+            node = self._node(data["node"])
+            self.hung.append((node, machines.hang(node)))
+            return f"node {where} of trainer rank {data['rank']} hung (SIGSTOP)"
+        sig = signal.SIGKILL if kind == "oom" else signal.SIGSTOP
+        machines.signal_pid(data["pid"], sig)
+        return f"trainer rank {data['rank']}'s worker (pid {data['pid']}) got {sig.name}"
+
+    def settle(self) -> list[str]:
+        """Hung nodes that Ray now reports dead come back (``SIGCONT``) and are refused;
+        nodes whose processes all died leave the local cluster. What happened."""
+        import ray
+
+        out = []
+        dead = {n["NodeID"] for n in ray.nodes() if not n["Alive"]}
+        for node, procs in list(self.hung):
+            if node.node_id in dead:
+                machines.resume(node, procs)
+                self.hung.remove((node, procs))
+                self.resumed.append(node)
+                out.append(f"node {node.node_id[:12]} resumed after Ray declared it dead")
+        for node in list(self.resumed):
+            if machines.reap(node) and not machines.alive(p.pid for p in machines.processes(node)):
+                self.local.remove_node(node, allow_graceful=False)
+                self.resumed.remove(node)
+                out.append(f"node {node.node_id[:12]} is gone: its raylet exited, told it is dead")
+        return out
 
     def add_spare(self) -> None:
         self.local.add_node(num_cpus=GPUS, num_gpus=GPUS)
@@ -157,6 +212,8 @@ def run(cluster: Cluster, name: str, config: TrainConfig, faults, baseline: bool
                 last_end = data["finished_at"]
                 record["steps"].append(data)
                 print(report.step_line(data, took), flush=True)
+                for what in cluster.settle() if cluster.local else []:
+                    print(report.event_line({"kind": "fault", "what": what}), flush=True)
                 while spares:  # the operator's replacement joins as the next spare
                     cluster.add_spare()
                     spares -= 1
@@ -166,9 +223,9 @@ def run(cluster: Cluster, name: str, config: TrainConfig, faults, baseline: bool
             elif kind == "@fault":
                 what, step = data["kind"], data["step"]
                 pending.remove((what, step))
-                if what == "node":
-                    detail = f"node {cluster.lose_node_of(job)} lost at step {step}"
-                    spares += 1
+                if what in MACHINE_FAULTS:
+                    detail = f"{cluster.machine_fault(what, data)} at step {step}"
+                    spares += what in NODE_FAULTS
                 elif what == "controller":
                     cluster.kill_controller()
                     detail = f"controller killed at step {step}"
@@ -230,8 +287,8 @@ def main() -> int:
     if args.steps < 1 or args.prompts < 4 or args.prompts % 4:
         raise SystemExit("train.py: error: --steps >= 1, --prompts a multiple of 4 (>= 4)")
     faults = parse_faults(args.faults, args.steps)
-    if args.address and any(k == "node" for k, _ in faults):
-        raise SystemExit("train.py: error: node faults need the embedded cluster (no --address)")
+    if args.address and any(k in MACHINE_FAULTS for k, _ in faults):
+        raise SystemExit("train.py: error: machine faults need the embedded cluster (no --address)")
     config = TrainConfig(
         seed=args.seed,
         steps=args.steps,

@@ -38,7 +38,23 @@ from grpo.config import TrainConfig
 # (ranks 0-3 on GPUs 0, 2, 4, 6), the new ones take the others (explicit process ranks,
 # written in resource order).
 GROW = "0:0,1:4,2:1,3:5,4:2,5:6,6:3,7:7"
+# Faults of a machine or a process, injected by train.py in the middle of a step.
+MACHINE_FAULTS = ("node", "crash", "raylet", "hang", "oom", "stall")
 MAX_ATTEMPTS = 4  # recoveries of one step before the error is someone else's to read
+# The job's own verdict on a step that does not finish: a worker hung inside it (stopped,
+# a wedged kernel) fails nothing, so only a deadline notices. Five times the slowest step
+# seen, never less than this; the first step after a launch gets the longest.
+STEP_TIMEOUT_MIN_S, FIRST_STEP_TIMEOUT_S = 10.0, 120.0
+# repair(): a rank silent this long on a live node is hung and replaced.
+HUNG_AFTER_S = 5.0
+# A trainer rank whose update of the failed step has not ended this long after the repair
+# is blocked in a collective with a peer that vanished without closing its connections
+# (a hung or unplugged machine): gloo would wait out its timeout; it is restarted instead.
+COLLECTIVE_GRACE_S = 3.0
+
+
+class StepTimeout(Exception):
+    """A step's calls did not all finish within the job's deadline."""
 
 
 class Options(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,28 +74,29 @@ def send(tag: str, **data) -> None:
     print(f"@{tag} {json.dumps(data)}", flush=True)
 
 
-def fault(kind: str, step: int) -> dict:
+def fault(kind: str, step: int, **where) -> dict:
     """Ask ``train.py`` to inject a fault now; returns its reply once done."""
-    send("fault", kind=kind, step=step)
+    send("fault", kind=kind, step=step, **where)
     line = sys.stdin.readline()
     if not line:
         raise SystemExit("train.py went away")
     return json.loads(line)
 
 
-def gather(refs: list) -> list:
-    """Every result, in order, once all are done; the first error if any failed (each
-    one is read, so Ray reports none of them as unhandled)."""
-    ray.wait(refs, num_returns=len(refs))
-    out, first = [], None
-    for ref in refs:
-        try:
-            out.append(ray.get(ref))
-        except ray.exceptions.RayError as e:
-            first = first or e
-    if first is not None:
-        raise first
-    return out
+def gather(refs: list, timeout: float | None = None) -> list:
+    """Every result, in order, once all are done. The first error as soon as one call
+    fails (a survivor blocked on a dead peer is not waited for), and
+    :class:`StepTimeout` if they are not all done within ``timeout``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pending = list(refs)
+    while pending:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise StepTimeout(f"{len(pending)} of {len(refs)} calls unfinished after {timeout:g}s")
+        done, pending = ray.wait(pending, num_returns=1, timeout=left)
+        for ref in done:
+            ray.get(ref)  # raises the call's error now
+    return ray.get(refs)
 
 
 def split(items: list, parts: int) -> list[list]:
@@ -102,6 +119,8 @@ class Job:
         self.groups: dict[str, clients.WorkerGroup] = {}
         self.pending = set(map(tuple, opts.faults))
         self.pool = concurrent.futures.ThreadPoolExecutor(4)
+        self.slowest = 0.0  # the slowest step this driver has seen, in seconds
+        self.updates: list = []  # the trainer ranks' calls of the step in progress
 
     # ------------------------------------------------------------ bring-up
     def _classes(self) -> dict[str, tuple]:
@@ -178,7 +197,7 @@ class Job:
                 try:
                     self._step(step)
                     break
-                except ray.exceptions.RayError as e:
+                except (ray.exceptions.RayError, StepTimeout) as e:
                     if attempt >= MAX_ATTEMPTS:
                         raise
                     self._recover(step, e)
@@ -192,28 +211,32 @@ class Job:
             fault("grow", step)  # recorded like a fault: the decision is taken now
             self._grow(step)
 
+    def _deadline(self) -> float:
+        return max(STEP_TIMEOUT_MIN_S, 5 * self.slowest) if self.slowest else FIRST_STEP_TIMEOUT_S
+
     def _step(self, step: int) -> None:
         started = time.time()
+        timeout = self._deadline()
         gens = self.groups["rollout"].actors
         parts = split(list(range(self.opts.config.prompts)), len(gens))
-        outs = gather([g.generate.remote(step, p) for g, p in zip(gens, parts, strict=True)])
+        refs = [g.generate.remote(step, p) for g, p in zip(gens, parts, strict=True)]
+        outs = gather(refs, timeout)
         rolled = sorted(itertools.chain.from_iterable(outs))
         t_rollout = time.time()
         scorers = self.groups["reward"].actors
         parts = split(rolled, len(scorers))
-        scored = gather([s.score.remote(p) for s, p in zip(scorers, parts, strict=True)])
+        scored = gather([s.score.remote(p) for s, p in zip(scorers, parts, strict=True)], timeout)
         rewards = list(itertools.chain.from_iterable(scored))
         batch = [(t, samples, r) for (_, t, samples), r in zip(rolled, rewards, strict=True)]
         t_reward = time.time()
-        if ("node", step) in self.pending:  # mid-step: the rollouts are done, training not
-            self.pending.discard(("node", step))
-            fault("node", step)
+        self._machine_fault(step)  # mid-step: the rollouts are done, training not
         trainers = self.groups["actor"].actors
         shards = split(batch, len(trainers))
         refs = [t.train.remote(step, s) for t, s in zip(trainers, shards, strict=True)]
+        self.updates = refs
         if ("driver", step) in self.pending:  # the updates are in flight: killed here
             fault("driver", step)
-        losses = gather(refs)
+        losses = gather(refs, timeout)
         t_train = time.time()
         self._publish_weights()
         flat = [x for rs in rewards for x in rs]
@@ -233,9 +256,33 @@ class Job:
             "finished_at": time.time(),
         }
         self.ckpt.commit(step, metrics)
+        self.slowest = max(self.slowest, time.time() - started)
         send("step", **metrics)
 
     # ------------------------------------------------------------ faults
+    def _machine_fault(self, step: int) -> None:
+        """Have ``train.py`` fail a machine or a worker now, as scheduled: trainer rank
+        0's node (``node``, ``crash``, ``raylet``), rank 2's (``hang``), or rank 1's
+        worker process (``oom``, ``stall``)."""
+        for kind in MACHINE_FAULTS:
+            if (kind, step) not in self.pending:
+                continue
+            self.pending.discard((kind, step))
+            rank = {"hang": 2, "oom": 1, "stall": 1}.get(kind, 0)
+            where = ray.get(self.groups["actor"].actors[rank].where.remote())
+            fault(kind, step, rank=rank, node=where["node"], pid=where["pid"])
+
+    def _stuck(self, relaunched: list[int]) -> list[int]:
+        """Trainer ranks still inside the failed step's update after a grace: blocked in
+        a collective on a peer that vanished without a word."""
+        live = [(r, ref) for r, ref in enumerate(self.updates) if r not in relaunched]
+        if not live:
+            return []
+        refs = [ref for _, ref in live]
+        ray.wait(refs, num_returns=len(refs), timeout=COLLECTIVE_GRACE_S)
+        done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+        return [r for r, ref in live if ref not in done]
+
     def _recover(self, step: int, error: Exception) -> None:
         started = time.time()
         cause = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
@@ -251,7 +298,14 @@ class Job:
             return
         self.res.wait_ready(timeout=300)
         ready = time.time()
-        relaunched = self._each(lambda n: self.groups[n].repair(timeout=300), list(self.groups))
+        relaunched = self._each(
+            lambda n: self.groups[n].repair(timeout=300, hung_after=HUNG_AFTER_S),
+            list(self.groups),
+        )
+        stuck = self._stuck(relaunched["actor"])
+        if stuck:
+            self.groups["actor"].restart(stuck)
+        self.updates = []
         restarted = time.time()
         self._rejoin()
         send(
@@ -260,6 +314,7 @@ class Job:
             step=step,
             cause=cause,
             relaunched={n: r for n, r in relaunched.items() if r},
+            restarted=stuck,
             epoch=self.res.epoch,
             seconds=time.time() - started,
             parts={

@@ -26,8 +26,10 @@ def event_line(e: dict) -> str:
     if kind == "repaired":
         ranks = ", ".join(f"{c}{r}" for c, r in e["relaunched"].items()) or "none"
         parts = ", ".join(f"{k} {v:.2f}s" for k, v in e.get("parts", {}).items())
+        stuck = e.get("restarted")
+        more = f"; restarted actor{stuck}, stuck on the lost peer" if stuck else ""
         return (
-            f"      -> repaired{secs} ({parts}): relaunched {ranks}; epoch {e['epoch']}\n"
+            f"      -> repaired{secs} ({parts}): relaunched {ranks}{more}; epoch {e['epoch']}\n"
             f"         after {e['cause']}"
         )
     if kind == "restarted":

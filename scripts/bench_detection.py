@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""How long until a node that failed without a word is dead in Ray's node table: Ray's
+own health checks alone, against placectl's raylet checks and fence, side by side.
+
+One local cluster per setting of Ray's health checks (its defaults, and the tighter ones
+the README recommends), a head and GPU nodes of 2 fake GPUs. Each trial fails one node as
+machines fail (every process killed, every process stopped, or the raylet alone killed)
+and polls Ray's node table until the node is dead: once for a node that holds no
+reservation (only Ray's checks can notice it), once for a node that holds a placectl
+slot (placectl's checks run too). Trials alternate which goes first.
+
+Usage: scripts/bench_detection.py [--trials 2] [--kinds crash,hang,raylet]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import ray
+from ray.cluster_utils import Cluster
+
+import clients
+from tests.integration import machines
+
+SETTINGS = {
+    "Ray's defaults": {},
+    "tighter": {
+        "health_check_period_ms": 1000,
+        "health_check_timeout_ms": 1000,
+        "health_check_failure_threshold": 3,
+    },
+}
+KINDS = ("crash", "hang", "raylet")
+
+
+def fail(cluster, node, kind: str):
+    if kind == "crash":
+        machines.crash(cluster, node)
+    elif kind == "raylet":
+        machines.kill_raylet(node)
+    else:
+        return machines.hang(node)
+    return None
+
+
+def until_dead(node_id: str, limit: float = 120.0) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        if any(n["NodeID"] == node_id and not n["Alive"] for n in ray.nodes()):
+            return time.monotonic() - started
+        time.sleep(0.05)
+    return float("nan")
+
+
+def trial(cluster, ctl, kind: str, reserved: bool) -> float:
+    node = cluster.add_node(num_cpus=2, num_gpus=2)
+    cluster.wait_for_nodes()
+    job = None
+    if reserved:
+        job = "detect"
+        pin = {"num_nodes": 1, "component_placement": {"actor": "0-1"}}
+        res = ctl.reserve(job, pin, timeout_s=60)
+        node = next(
+            n for n in cluster.list_all_nodes() if n.node_id == res.info.slots[0].node_id
+        )
+    stopped = fail(cluster, node, kind)
+    took = until_dead(node.node_id)
+    if stopped is not None:
+        machines.resume(node, stopped)
+    if job:
+        ctl.release(job, force=True)
+    if node in cluster.list_all_nodes():
+        cluster.remove_node(node, allow_graceful=False)
+    return took
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=2)
+    ap.add_argument("--kinds", default=",".join(KINDS))
+    args = ap.parse_args()
+    kinds = [k for k in args.kinds.split(",") if k]
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    rows = []
+    for label, system in SETTINGS.items():
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": 2, "num_gpus": 0, "_system_config": system},
+        )
+        ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+        ctl = clients.connect()
+        try:
+            for kind in kinds:
+                seconds: dict[bool, list[float]] = {False: [], True: []}
+                for t in range(args.trials):
+                    for reserved in (False, True) if t % 2 == 0 else (True, False):
+                        seconds[reserved].append(trial(cluster, ctl, kind, reserved))
+                rows.append((label, kind, seconds[False], seconds[True]))
+                print(f"  {label}, {kind}: Ray {seconds[False]}, placectl {seconds[True]}")
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+    print(f"\n== seconds from the fault until Ray's node table says dead (median of {args.trials})")
+    print(f"{'Ray health checks':<16} {'fault':<8} {'Ray alone':>10} {'with placectl':>14}")
+    for label, kind, ray_s, ours in rows:
+        a, b = statistics.median(ray_s), statistics.median(ours)
+        print(f"{label:<16} {kind:<8} {a:>10.2f} {b:>14.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
