@@ -67,9 +67,7 @@ def trial(cluster, ctl, kind: str, reserved: bool) -> float:
         job = "detect"
         pin = {"num_nodes": 1, "component_placement": {"actor": "0-1"}}
         res = ctl.reserve(job, pin, timeout_s=60)
-        node = next(
-            n for n in cluster.list_all_nodes() if n.node_id == res.info.slots[0].node_id
-        )
+        node = next(n for n in cluster.list_all_nodes() if n.node_id == res.info.slots[0].node_id)
     stopped = fail(cluster, node, kind)
     took = until_dead(node.node_id)
     if stopped is not None:
