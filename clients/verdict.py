@@ -55,6 +55,41 @@ def unanswered(actors: Sequence[Any], timeout: float = ANSWER_TIMEOUT_S) -> list
     return sorted(gone + [int(i) for i, a in got.items() if a != OK])
 
 
+def judge(
+    actors: Sequence[Any],
+    nodes: Sequence[str],
+    reservation: Any,
+    dead: Callable[[], set[int]],
+    within: float,
+    kill_hung: bool,
+    say: Callable[[str], None],
+) -> None:
+    """Find the suspects among ``actors`` (one per rank, on ``nodes``), wait for Ray's
+    verdict on them (:func:`await_verdict`), and kill the ones hung on a live node if
+    ``kill_hung``: what ``WorkerGroup.repair`` does before it relaunches anything."""
+    # The controller asks the raylets first: one that refuses is fenced by this call (a
+    # dead node's workers may still answer for a moment after their raylet died).
+    silent_nodes = set(reservation.controller.suspects(reservation.job))
+    live = [r for r, a in enumerate(actors) if a is not None]
+    suspects = [live[i] for i in unanswered([actors[r] for r in live])]
+    suspects += [r for r in live if nodes[r] in silent_nodes]
+    suspects = sorted(set(suspects) - dead())
+    if not suspects:
+        return
+    hung = await_verdict(
+        actors,
+        suspects,
+        dead=dead,
+        ask=lambda: reservation.controller.suspects(reservation.job),
+        within=within,
+        say=say,
+    )
+    if hung and kill_hung:
+        job = reservation.job
+        say(f"{job}: ranks {hung} silent for {within:g}s on live nodes: killed as hung")
+        kill([actors[r] for r in hung])
+
+
 def await_verdict(
     actors: Sequence[Any],
     suspects: list[int],

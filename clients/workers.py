@@ -12,142 +12,19 @@ import msgspec
 import ray
 
 from clients import verdict
+from clients.launching import (
+    WORKER_NAMESPACE,
+    RankKwargs,
+    actor_class,
+    detached_worker,
+    options_for,
+    rank_kwargs_for,
+    wait_until_ready,
+    worker_name,
+)
 from clients.sync import SyncResult, can_keep, plan_sync
 from controller import PlacementError
-from controller.errors import ReservationTimeout
 from controller.state.assignments import Assignment
-from controller.state.environment import check_user_env
-
-WORKER_NAMESPACE = "placectl-workers"
-PROGRESS_PERIOD_S = 5.0
-# Options that decide where and with what a worker runs: the assignment owns them.
-_PLACEMENT_OPTIONS = frozenset(
-    {"num_gpus", "num_cpus", "resources", "scheduling_strategy", "placement_group"}
-)
-RankKwargs = Sequence[dict[str, Any]] | Callable[[int], dict[str, Any]] | None
-
-
-def worker_name(job: str, component: str, rank: int) -> str:
-    """The name of a detached worker (namespace ``placectl-workers``)."""
-    return f"{job}.{component}.{rank}"
-
-
-def detached_worker(name: str, kind: str = "worker") -> Any:
-    """The running detached worker ``name``; PlacementError when there is none."""
-    try:
-        return ray.get_actor(name, namespace=WORKER_NAMESPACE)
-    except ValueError:
-        raise PlacementError(
-            f"no running {kind} {name!r} (namespace {WORKER_NAMESPACE!r}); start the group "
-            "with detached=True first"
-        ) from None
-
-
-def _actor_class(worker_cls: Any) -> Any:
-    return worker_cls if hasattr(worker_cls, "options") else ray.remote(worker_cls)
-
-
-def _check_env(env: dict[str, str] | None) -> dict[str, str]:
-    if env is None:
-        return {}
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-    ):
-        raise PlacementError(f"env {env!r}: expected a dict of strings to strings")
-    check_user_env(env, "env")
-    return dict(env)
-
-
-def options_for(
-    assignment: Assignment,
-    controller_name: str,
-    env: dict[str, str] | None = None,
-    actor_options: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """``Actor.options`` for one rank: the assignment's, the user's env and options merged.
-
-    Raises:
-        PlacementError: ``env`` sets a key placectl owns, or ``actor_options`` sets one of
-            the placement options (num_gpus, num_cpus, resources, scheduling_strategy).
-    """
-    options = assignment.actor_options()
-    extra = dict(actor_options or {})
-    clash = sorted(set(extra) & _PLACEMENT_OPTIONS)
-    if clash:
-        raise PlacementError(
-            f"actor_options sets {', '.join(clash)}, which the reservation decides; "
-            "change the configuration instead"
-        )
-    runtime_env = dict(extra.pop("runtime_env", None) or {})
-    user_env = _check_env({**runtime_env.pop("env_vars", {}), **_check_env(env)})
-    merged = {**runtime_env, **options["runtime_env"]}
-    merged["env_vars"] = {
-        **user_env,
-        **options["runtime_env"]["env_vars"],
-        "PLACECTL_CONTROLLER": controller_name,
-    }
-    options.update(extra)
-    options["runtime_env"] = merged
-    return options
-
-
-def _rank_kwargs(rank_kwargs: RankKwargs, world: int) -> list[dict[str, Any]]:
-    if rank_kwargs is None:
-        return [{} for _ in range(world)]
-    if callable(rank_kwargs):
-        out = [rank_kwargs(r) for r in range(world)]
-    else:
-        out = list(rank_kwargs)
-        if len(out) != world:
-            raise PlacementError(
-                f"rank_kwargs has {len(out)} entries; the component has {world} ranks"
-            )
-    if not all(isinstance(k, dict) for k in out):
-        raise PlacementError("rank_kwargs: expected one dict of keyword arguments per rank")
-    return out
-
-
-def wait_until_ready(
-    actors: list, label: str, timeout: float, progress: Callable[[str], None] | None = None
-) -> None:
-    """Wait until every actor has started (its constructor returned), printing what is
-    still pending every few seconds.
-
-    Raises:
-        ReservationTimeout: some did not start in time (they are killed).
-        ray.exceptions.RayActorError: a constructor failed (the error names the rank).
-    """
-    say = progress or (lambda m: print(f"placectl: {m}", file=sys.stderr, flush=True))
-    refs = {a.__ray_ready__.remote(): r for r, a in enumerate(actors)}
-    pending = dict(refs)
-    deadline = time.monotonic() + timeout
-    next_say = time.monotonic() + PROGRESS_PERIOD_S
-    while pending:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            ranks = sorted(pending.values())
-            for a in actors:
-                with contextlib.suppress(Exception):
-                    ray.kill(a, no_restart=True)
-            raise ReservationTimeout(
-                f"{label}: ranks {ranks} did not start within {timeout:g}s; every worker of "
-                "the group was killed"
-            )
-        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=min(1.0, left))
-        for ref in done:
-            rank = pending.pop(ref)
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError as e:
-                raise PlacementError(f"{label}: rank {rank} failed to start: {e}") from e
-        if pending and time.monotonic() >= next_say:
-            ranks = sorted(pending.values())
-            shown = ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
-            say(
-                f"{label}: {len(actors) - len(pending)} of {len(actors)} workers ready; "
-                f"waiting for ranks {shown}"
-            )
-            next_say = time.monotonic() + PROGRESS_PERIOD_S
 
 
 class WorkerGroup:
@@ -213,8 +90,8 @@ class WorkerGroup:
         """
         reservation.wait_ready(timeout, progress=progress)
         assignments = reservation.assignments(component)
-        actor_cls = _actor_class(worker_cls)
-        per_rank = _rank_kwargs(rank_kwargs, len(assignments))
+        actor_cls = actor_class(worker_cls)
+        per_rank = rank_kwargs_for(rank_kwargs, len(assignments))
         actors = [
             cls._start(
                 reservation,
@@ -283,7 +160,7 @@ class WorkerGroup:
                 actors.append(None)
         launch = None
         if worker_cls is not None:
-            actor_cls = _actor_class(worker_cls)
+            actor_cls = actor_class(worker_cls)
             launch = (actor_cls, args, kwargs, env, actor_options, rank_kwargs)
         return cls(reservation, component, actors, assignments, detached=True, launch=launch)
 
@@ -340,7 +217,7 @@ class WorkerGroup:
     def _relaunch(self, ranks: list[int], fresh: list[Assignment]) -> None:
         """Start ``ranks`` anew in ``fresh`` (ranks past the group's end are added)."""
         actor_cls, args, kwargs, env, actor_options, rank_kwargs = self._launch
-        per_rank = _rank_kwargs(rank_kwargs, len(fresh))
+        per_rank = rank_kwargs_for(rank_kwargs, len(fresh))
         self._stop([r for r in ranks if r < len(self._actors)])
         self._actors += [None] * (len(fresh) - len(self._actors))
         for r in ranks:
@@ -377,13 +254,12 @@ class WorkerGroup:
         """Relaunch exactly the ranks that are gone, where the reservation now puts them.
 
         A rank whose worker does not answer is a suspect: its node may have died without
-        a word (Ray still calls it alive), or it may be hung. ``repair`` first waits,
-        at most ``hung_after`` seconds, for the verdict: the controller fences a node
-        whose raylet refuses connections at once and one that stays silent after a few
-        seconds, and Ray then reports its ranks dead. A suspect that answers again was
-        only slow and is left alone; one still silent on a live node after
-        ``hung_after`` seconds is hung and killed. A worker that is merely busy (a long
-        step, a loop holding the GIL) answers and is never a suspect.
+        a word (Ray still calls it alive), or it may be hung. ``repair`` first waits, at
+        most ``hung_after`` seconds, for the verdict (:func:`clients.verdict.judge`): the
+        controller fences a node whose raylet refuses connections at once, one silent
+        for a few seconds after that, and Ray then reports its ranks dead. A suspect
+        that answers again was only slow; one silent on a live node for ``hung_after``
+        seconds is hung and killed. A merely busy worker answers: never a suspect.
 
         Then it waits until the reservation is ready with none of its nodes dead, and
         relaunches every rank that is dead (:meth:`dead_ranks`) or whose bundle moved,
@@ -415,7 +291,15 @@ class WorkerGroup:
         started = time.monotonic()
         res = self.reservation
         say = progress or (lambda m: print(f"placectl: {m}", file=sys.stderr, flush=True))
-        self._judge_suspects(min(hung_after or 10.0, timeout), hung_after is not None, say)
+        verdict.judge(
+            self._actors,
+            [a.placement.node_id for a in self._assignments],
+            res,
+            dead=lambda: set(self.dead_ranks()),
+            within=min(hung_after or 10.0, timeout),
+            kill_hung=hung_after is not None,
+            say=say,
+        )
         res.wait_ready(max(timeout - (time.monotonic() - started), 1.0), progress=progress)
         fresh = res.assignments(self.component)
         if len(fresh) != len(self._assignments):
@@ -433,34 +317,6 @@ class WorkerGroup:
             remaining = max(timeout - (time.monotonic() - started), 1.0)
             wait_until_ready([self._actors[r] for r in lost], label, remaining, progress)
         return lost
-
-    def _judge_suspects(self, within: float, kill_hung: bool, say) -> None:
-        """Wait for Ray's verdict on the ranks that do not answer (see :meth:`repair`);
-        kill the ones hung on a live node if ``kill_hung``."""
-        res = self.reservation
-        # The controller asks the raylets first: one that refuses is fenced by this call
-        # (a dead node's workers may still answer for a moment after their raylet died).
-        nodes = set(res.controller.suspects(res.job))
-        live = [r for r, a in enumerate(self._actors) if a is not None]
-        suspects = [live[i] for i in verdict.unanswered([self._actors[r] for r in live])]
-        suspects += [r for r in live if self._assignments[r].placement.node_id in nodes]
-        suspects = sorted(set(suspects) - set(self.dead_ranks()))
-        if not suspects:
-            return
-        hung = verdict.await_verdict(
-            self._actors,
-            suspects,
-            dead=lambda: set(self.dead_ranks()),
-            ask=lambda: res.controller.suspects(res.job),
-            within=within,
-            say=say,
-        )
-        if hung and kill_hung:
-            say(
-                f"{res.job}/{self.component}: ranks {hung} have not answered for "
-                f"{within:g}s on live nodes: killed as hung"
-            )
-            verdict.kill([self._actors[r] for r in hung])
 
     def restart(self, ranks: Sequence[int], timeout: float = 120.0) -> list[int]:
         """Kill ``ranks`` and start them again in their bundles, with the reservation's

@@ -65,7 +65,7 @@ def trial(cluster, ctl, kind: str, reserved: bool) -> float:
     job = None
     if reserved:
         job = "detect"
-        pin = {"num_nodes": 1, "component_placement": {"actor": "0-1"}}
+        pin = {"num_nodes": 2, "component_placement": {"actor": "0-1"}}  # head + it
         res = ctl.reserve(job, pin, timeout_s=60)
         node = next(n for n in cluster.list_all_nodes() if n.node_id == res.info.slots[0].node_id)
     stopped = fail(cluster, node, kind)

@@ -38,7 +38,7 @@ from verl.single_controller.ray.base import RayClassWithInitArgs, RayResourcePoo
 import clients
 from clients.integrations import verl as pverl
 from clients.integrations.verl import VERL_VERSION
-from clients.workers import WORKER_NAMESPACE
+from clients.launching import WORKER_NAMESPACE
 
 GPUS, NODES = 4, 2
 SPEC = {"num_nodes": 1 + NODES, "component_placement": {"actor": f"0-{GPUS * NODES - 1}"}}

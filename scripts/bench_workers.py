@@ -24,7 +24,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 import clients
-from clients.workers import options_for
+from clients.launching import options_for
 
 LAYOUT = {"num_nodes": 3, "component_placement": {"actor": "0-15"}}
 

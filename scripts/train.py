@@ -213,7 +213,8 @@ def run(cluster: Cluster, name: str, config: TrainConfig, faults, baseline: bool
                 record["steps"].append(data)
                 print(report.step_line(data, took), flush=True)
                 for what in cluster.settle() if cluster.local else []:
-                    print(report.event_line({"kind": "fault", "what": what}), flush=True)
+                    record["events"].append({"kind": "machine", "what": what})
+                    print(report.event_line(record["events"][-1]), flush=True)
                 while spares:  # the operator's replacement joins as the next spare
                     cluster.add_spare()
                     spares -= 1

@@ -55,7 +55,7 @@ from typing import Any
 
 from clients.integrations import warn_if_not
 from clients.integrations.openrlhf_layout import engine_layout, training_layout
-from clients.workers import options_for
+from clients.launching import options_for
 from controller.errors import PlacementError
 from controller.state.assignments import Assignment
 

@@ -36,7 +36,7 @@ from typing import Any
 import msgspec
 
 from clients.integrations import warn_if_not
-from clients.workers import WORKER_NAMESPACE, detached_worker, options_for
+from clients.launching import WORKER_NAMESPACE, detached_worker, options_for
 from controller.errors import PlacementError
 from controller.state.assignments import Assignment
 

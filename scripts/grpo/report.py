@@ -21,7 +21,7 @@ def step_line(m: dict, took: float | None) -> str:
 def event_line(e: dict) -> str:
     kind = e["kind"]
     secs = f" in {e['seconds']:.2f}s" if "seconds" in e else ""
-    if kind == "fault":
+    if kind in ("fault", "machine"):
         return f"      ** {e['what']}"
     if kind == "repaired":
         ranks = ", ".join(f"{c}{r}" for c, r in e["relaunched"].items()) or "none"

@@ -1,6 +1,8 @@
-"""A real GRPO job (scripts/train.py) through a node loss, a driver crash, a controller
-kill and a grow, against a fault-free run of the same seed. The training math is the
-oracle: its rewards and losses do not care what placectl believes."""
+"""A real GRPO job (scripts/train.py) through machines that fail as real ones do (a node
+killed without a word, a hung node, a worker killed by the OOM killer, a worker stopped
+inside a step), a driver crash, a controller kill and a grow, against a fault-free run
+of the same seed. The training math is the oracle: its rewards and losses do not care
+what placectl believes."""
 
 from __future__ import annotations
 
@@ -13,29 +15,37 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 STEPS = 7
 
 
-def test_a_faulted_run_ends_equal_to_a_fault_free_run(tmp_path):
+def train(tmp_path, steps: int, faults: str, *extra: str) -> dict:
+    """Run train.py with --compare; both runs' records, checked equal step by step."""
     records = tmp_path / "runs.json"
-    picture = tmp_path / "reward.png"
     cmd = [
         sys.executable,
         str(ROOT / "scripts" / "train.py"),
-        f"--steps={STEPS}",
-        "--faults=node@2,driver@4,controller@5,grow@6",
+        f"--steps={steps}",
+        f"--faults={faults}",
         "--compare",
         f"--json={records}",
-        f"--plot={picture}",
         f"--out={tmp_path}",
+        *extra,
     ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     runs = json.loads(records.read_text())["runs"]
     reference, faulted = runs["fault-free"]["steps"], runs["placectl"]["steps"]
-
-    assert [m["step"] for m in faulted] == [m["step"] for m in reference] == list(range(1, 8))
+    want = list(range(1, steps + 1))
+    assert [m["step"] for m in faulted] == [m["step"] for m in reference] == want
     for a, b in zip(reference, faulted, strict=True):
         assert (a["reward"], a["exact"]) == (b["reward"], b["exact"]), a["step"]
         assert abs(a["loss"] - b["loss"]) <= 1e-6, a["step"]
     assert reference[-1]["reward"] > reference[0]["reward"]  # it learns
+    return runs
+
+
+def test_a_faulted_run_ends_equal_to_a_fault_free_run(tmp_path):
+    picture = tmp_path / "reward.png"
+    # node: every process of trainer rank 0's node killed at once, Ray not told
+    runs = train(tmp_path, STEPS, "node@2,driver@4,controller@5,grow@6", f"--plot={picture}")
+    faulted = runs["placectl"]["steps"]
 
     kinds = [e["kind"] for e in runs["placectl"]["events"]]
     assert kinds == ["launched", "repaired", "attached", "grew"], kinds
@@ -57,3 +67,23 @@ def test_a_faulted_run_ends_equal_to_a_fault_free_run(tmp_path):
         "node",
     ]
     assert picture.stat().st_size > 10_000
+
+
+def test_a_run_through_a_hung_node_and_killed_and_stopped_workers_ends_equal(tmp_path):
+    runs = train(tmp_path, 6, "hang@2,oom@4,stall@5")
+    events = runs["placectl"]["events"]
+    repairs = [e for e in events if e["kind"] == "repaired"]
+    # hang: trainer rank 2's node stopped; fenced, its ranks relaunched on the spare,
+    # the survivors blocked in the collective on it restarted in their bundles
+    assert repairs[0]["relaunched"] == {"actor": [2], "rollout": [2]}
+    assert repairs[0]["restarted"] == [0, 1, 3]
+    assert repairs[0]["epoch"] == 2
+    # oom: one worker killed on a live node: it alone, in its own bundle
+    assert repairs[1]["relaunched"] == {"actor": [1]} and repairs[1]["restarted"] == []
+    # stall: one worker stopped inside the step: the step's deadline, then it alone
+    assert repairs[2]["cause"].startswith("StepTimeout")
+    assert repairs[2]["relaunched"] == {"actor": [1]}
+    assert [r["epoch"] for r in repairs] == [2, 2, 2]  # workers' faults move no slot
+    back = [e["what"] for e in events if e["kind"] == "machine"]
+    assert any("resumed after Ray declared it dead" in w for w in back), back
+    assert any("its raylet exited, told it is dead" in w for w in back), back
