@@ -29,14 +29,7 @@ from ray.cluster_utils import Cluster
 import clients
 from tests.integration import machines
 
-SETTINGS = {
-    "Ray's defaults": {},
-    "tighter": {
-        "health_check_period_ms": 1000,
-        "health_check_timeout_ms": 1000,
-        "health_check_failure_threshold": 3,
-    },
-}
+SETTINGS = {"Ray's defaults": {}, "tighter": machines.TIGHT_HEALTH_CHECKS}
 KINDS = ("crash", "hang", "raylet")
 
 

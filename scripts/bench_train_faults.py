@@ -10,7 +10,11 @@ restore the checkpoint). Runs alternate which goes first. For every fault it rep
 seconds from the fault to the next finished training step, and checks that every run's
 per-step metrics equal the first run's.
 
-Usage: scripts/bench_train_faults.py [--trials 3] [--faults node@3,driver@6,controller@8,grow@10]
+With ``--tight-health-checks`` the cluster checks its nodes' health as the README
+recommends (``tests/integration/machines.TIGHT_HEALTH_CHECKS``) instead of Ray's defaults.
+
+Usage: scripts/bench_train_faults.py [--trials 3] [--faults crash@3,hang@6]
+                                     [--tight-health-checks]
 """
 
 from __future__ import annotations
@@ -27,19 +31,30 @@ import train
 from grpo import report
 from grpo.config import TrainConfig
 
-NAMES = {"node": "node loss", "driver": "driver crash", "controller": "controller kill"}
+NAMES = {
+    "node": "node died abruptly",
+    "crash": "node died abruptly",
+    "hang": "node hung",
+    "raylet": "raylet killed",
+    "oom": "worker killed",
+    "stall": "worker hung",
+    "driver": "driver crash",
+    "controller": "controller kill",
+}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--faults", default="node@3,driver@6,controller@8,grow@10")
+    ap.add_argument("--faults", default="crash@3,hang@6")
+    ap.add_argument("--tight-health-checks", action="store_true")
     args = ap.parse_args()
     faults = train.parse_faults(args.faults, args.steps)
     config = TrainConfig(steps=args.steps)
     out = tempfile.mkdtemp(prefix="placectl-bench-train-")
-    cluster = train.Cluster(None)
+    tight = train.machines.TIGHT_HEALTH_CHECKS if args.tight_health_checks else None
+    cluster = train.Cluster(None, tight)
     seconds: dict[tuple[str, str], list[float]] = {}
     reference, unequal = None, []
     try:
@@ -58,7 +73,8 @@ def main() -> int:
                         unequal.append(f"{name}: {verdict}")
     finally:
         cluster.close()
-    print(f"\n== {args.trials} trials, {args.steps} steps, faults {args.faults}")
+    checks = "tighter health checks" if args.tight_health_checks else "Ray's health checks"
+    print(f"\n== {args.trials} trials, {args.steps} steps, faults {args.faults}; {checks}")
     print("seconds from the fault to the next finished step (median; samples)")
     print(f"{'fault':<16} {'placectl':<28} {'starting over':<28} ratio")
     for kind, _ in faults:

@@ -8,8 +8,10 @@ Operations: reserve (some preemptible), release, apply another configuration to 
 reservation, leases, queued reservations of random priority (q1, q2 in queue "order",
 without a quota; q3 in queue "chaos", with a GPU quota; each waits in a thread of its own
 and may preempt).
-Faults: killing the controller (and, half the time, removing a node before any call
-reaches the new one), killing it at a step of an apply, removing and adding nodes,
+Faults: killing the controller (and, half the time, losing a node before any call
+reaches the new one), killing it at a step of an apply, losing and adding nodes (two
+losses in three abrupt: every process killed, Ray not told), hung nodes (every process
+stopped, resumed once Ray reports the node dead), workers killed under a worker group,
 restarting the head (the GCS process alone, or the whole head node with the controller
 on it; half the time a node is removed while the head is down): the cluster runs Ray's
 GCS fault tolerance on a Redis server this script starts,
@@ -27,6 +29,9 @@ Invariants, checked once the table has settled after each step:
   * nothing that is not preemptible is preempted, and no placed reservation vanishes
     without a release of it;
   * the queue's quota is never exceeded by its placed reservations;
+  * no node back from the dead: a hung node resumed after Ray gave it up stays dead
+    and no ready reservation holds a slot on it;
+  * a worker group's repair() relaunches exactly its dead ranks, no live one;
   * no admission out of order: a reservation of queue "order" placed since the last
     check never took a node that one queued before it and still waiting (of higher
     priority, or of the same and queued earlier, and plannable on the live nodes) needs.
@@ -54,6 +59,8 @@ from ray.experimental import internal_kv
 from ray.util.placement_group import placement_group_table
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from chaos_machines import MachineFaults
 
 import clients
 from controller import ComponentPlacement, PlacementError, load_spec
@@ -105,6 +112,9 @@ class Chaos:
         self.placed: dict[str, bool] = {}  # placed at the last check: preemptible?
         self.preempted: set[tuple[str, str]] = set()
         self.queued_before: set[str] = set()
+        self.machines = MachineFaults(
+            self.cluster, self.ctl, self.rng, self.faults, self.violations
+        )
 
     # ------------------------------------------------------------ operations
     def gpu_nodes(self):
@@ -169,14 +179,19 @@ class Chaos:
             self.faults["restart over a format-1 table"] += 1
             self.kill_controller()
             return "FAULT table rewritten as format 1, controller killed"
-        if r < 0.88:
+        if r < 0.86:
             nodes = self.gpu_nodes()
             if len(nodes) <= 2:
-                return "remove node: skipped (2 left)"
+                return "lose node: skipped (2 left)"
             victim = self.rng.choice(nodes)
-            self.faults["node removed"] += 1
-            self.remove(victim)
-            return f"FAULT remove node {victim.node_id[:8]}"
+            if r < 0.82:
+                return f"FAULT node {victim.node_id[:8]} {self.remove(victim)}"
+            how = self.machines.hang(victim, self.wait_dead)
+            return f"FAULT node {victim.node_id[:8]} hung: {how}"
+        if r < 0.90:
+            table = self.table() or {}
+            ready = sorted(j for j, x in table.items() if x.state == "ready" and j in JOBS)
+            return self.machines.workers(self.rng.choice(ready)) if ready else "workers: none"
         if len(self.gpu_nodes()) >= 4:
             return "add node: skipped (4 present)"
         self.faults["node added"] += 1
@@ -280,12 +295,13 @@ class Chaos:
         else:
             self.cluster.head_node.kill_gcs_server()
         if victim is not None:
-            self.faults[f"node removed while the {kind} is down"] += 1
-            self.cluster.remove_node(victim)
+            self.faults[f"node killed while the {kind} is down"] += 1
+            self.cluster.remove_node(victim, allow_graceful=False)
         if whole:
             self.cluster.start_head()
             ray.init(address=self.cluster.address, logging_level="ERROR", log_to_driver=False)
             self.ctl = clients.connect(start=False)
+            self.machines.ctl = self.ctl
         else:
             self.cluster.head_node.start_gcs_server()
         if victim is not None:
@@ -300,11 +316,10 @@ class Chaos:
         if not self.wait(gone, 120):
             self.violations.append(f"Ray never reported node {node_id[:8]} dead")
 
-    def remove(self, node) -> None:
-        """Remove a node and wait until Ray itself reports it dead, so the settle check
-        that follows cannot pass on a view from before the loss."""
-        self.cluster.remove_node(node)
-        self.wait_dead(node.node_id)
+    def remove(self, node) -> str:
+        """Lose a node (abruptly two times in three) and wait until Ray itself reports
+        it dead, so the settle check that follows cannot pass on a view from before."""
+        return self.machines.remove(node, self.wait_dead)
 
     def named_leases(self, job: str) -> str:
         """Four concurrent calls under one name must get one lease."""
@@ -446,6 +461,7 @@ class Chaos:
                     self.replaced += r.epoch - prev[1]
                 self.seen[r.job] = (r.created_at, r.epoch, now)
         bad += self.queue_violations(table)
+        bad += self.machines.violations_now(table)
         for b in bad:
             self.violations.append(f"step {i}: {b}")
             print(f"      VIOLATION {b}", flush=True)

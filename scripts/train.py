@@ -94,7 +94,7 @@ def parse_faults(text: str, steps: int) -> list[tuple[str, int]]:
 class Cluster:
     """The embedded local cluster, or a running one (no node faults there)."""
 
-    def __init__(self, address: str | None) -> None:
+    def __init__(self, address: str | None, health_checks: dict | None = None) -> None:
         import ray
 
         self.local = None
@@ -102,9 +102,8 @@ class Cluster:
             from ray.cluster_utils import Cluster as RayCluster
 
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            self.local = RayCluster(
-                initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0}
-            )
+            head = {"num_cpus": 2, "num_gpus": 0, "_system_config": health_checks or {}}
+            self.local = RayCluster(initialize_head=True, head_node_args=head)
             for _ in range(GPU_NODES):
                 self.local.add_node(num_cpus=GPUS, num_gpus=GPUS)
             self.local.wait_for_nodes()
@@ -284,6 +283,11 @@ def main() -> int:
     ap.add_argument("--plot", help="write reward against wall time to this PNG")
     ap.add_argument("--json", help="write every run's record to this file")
     ap.add_argument("--out", default=None, help="where checkpoints go (a shared path)")
+    ap.add_argument(
+        "--tight-health-checks",
+        action="store_true",
+        help="the embedded cluster checks its nodes' health as the README recommends",
+    )
     args = ap.parse_args()
     if args.steps < 1 or args.prompts < 4 or args.prompts % 4:
         raise SystemExit("train.py: error: --steps >= 1, --prompts a multiple of 4 (>= 4)")
@@ -300,7 +304,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     if args.address:  # the drivers ship grpo/ to the cluster's workers
         os.environ["PLACECTL_TRAIN_SHIP_CODE"] = "1"
-    cluster = Cluster(args.address)
+    cluster = Cluster(
+        args.address, machines.TIGHT_HEALTH_CHECKS if args.tight_health_checks else None
+    )
     runs, ok = {}, True
     try:
         if args.compare:
