@@ -138,6 +138,8 @@ class Liveness:
         return {n for n in ask if n in self._silent_since and n in self._nodes}
 
     async def _fence(self, node: str, why: str) -> str:
+        if node in self.fenced:  # a sweep and a caller's check found it at once
+            return node
         info = self._nodes.info(node)
         where = f"{info.ip} ({node[:12]})" if info else node[:12]
         message = f"placectl fenced the node: {why}"
