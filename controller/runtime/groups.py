@@ -69,6 +69,14 @@ async def diagnose(
     return "; ".join(parts)
 
 
+class NodeLost(Exception):
+    """A node died while a group pinned to it waited to be placed: it never will be."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        super().__init__(f"nodes {', '.join(n[:12] for n in nodes)} died during placement")
+        self.nodes = nodes
+
+
 async def create_and_wait(
     io: ClusterIO,
     job: str,
@@ -78,6 +86,7 @@ async def create_and_wait(
     created: dict[int, str],
     max_in_flight: int = 16,
     held_by: Callable[[str], Iterable[str]] = lambda node_id: (),
+    dead: Callable[[str], bool] = lambda node_id: False,
 ) -> list[SlotRecord]:
     """Create every slot's group and wait until all are placed; the slots with group ids.
 
@@ -88,6 +97,7 @@ async def create_and_wait(
     Raises:
         ReservationTimeout: not all placed by ``deadline``; names the pending nodes
             and what they have free.
+        NodeLost: the node of a pending group died (``dead``): the caller plans again.
     """
     out = list(slots)
     waits: dict[asyncio.Task, int] = {}
@@ -128,6 +138,11 @@ async def create_and_wait(
                     placed += 1
                 else:
                     stuck.append(i)
+            lost = sorted(
+                {out[i].node_id for i in [*waits.values(), *stuck] if dead(out[i].node_id)}
+            )
+            if lost:
+                raise NodeLost(lost)
             if waits and not done:
                 pending = sorted(waits.values())
                 message = (

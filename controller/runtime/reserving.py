@@ -165,7 +165,13 @@ class Reserver:
         try:
             if queued is not None:
                 await self._queue().wait_turn(queued, started + timeout)
-            res = await self._create(job, spec, started + timeout, policy, queued, terms)
+            while True:
+                try:
+                    res = await self._create(job, spec, started + timeout, policy, queued, terms)
+                    break
+                except groups.NodeLost as e:  # rolled back: plan again on the live nodes
+                    log.warning("reserve of %r: %s; planning again", job, e)
+                    self._progress.say(job, f"{e}; planning again")
         except asyncio.CancelledError:
             if self._incarnation.dead:
                 raise
@@ -299,6 +305,7 @@ class Reserver:
                 say,
                 created,
                 held_by=lambda node: self._state.jobs_on(node) - {job},
+                dead=lambda node: not self._nodes.alive(node),
             )
             crash_point("after_create")
             record = msgspec.structs.replace(record, slots=slots)

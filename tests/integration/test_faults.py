@@ -77,7 +77,7 @@ def test_node_loss_replaces_only_the_lost_slot(cluster, ctl):
     kept = next(s for s in res.info.slots if s.node_id != lost)
 
     started = time.monotonic()
-    cluster.remove_node(node_of(cluster, lost))
+    cluster.remove_node(node_of(cluster, lost), allow_graceful=False)
     info = wait_for(lambda: (i := ctl.status("lossy")).epoch == 2 and i.state == "ready" and i)
     took = time.monotonic() - started
     assert took < 15, took
@@ -115,7 +115,7 @@ def test_node_loss_replaces_only_the_lost_slot(cluster, ctl):
 def test_without_a_spare_it_stays_degraded_until_a_node_joins(cluster, ctl):
     first = ctl.reserve("nospare", spec("0-11", num_nodes=4), timeout_s=60).epoch
     victim = ctl.status("nospare").slots[1].node_id
-    cluster.remove_node(node_of(cluster, victim))
+    cluster.remove_node(node_of(cluster, victim), allow_graceful=False)
     started = time.monotonic()
     info = wait_for(lambda: (i := ctl.status("nospare")).state == "degraded" and i, timeout=10)
     assert time.monotonic() - started < 5
@@ -133,7 +133,7 @@ def test_without_a_spare_it_stays_degraded_until_a_node_joins(cluster, ctl):
 def test_manual_repair_waits_for_the_driver(cluster, ctl):
     res = ctl.reserve("manual", spec("0-3"), timeout_s=60, repair="manual")
     lost = res.info.slots[0]
-    cluster.remove_node(node_of(cluster, lost.node_id))
+    cluster.remove_node(node_of(cluster, lost.node_id), allow_graceful=False)
     wait_for(lambda: "repair policy is manual" in ctl.status("manual").reason, timeout=30)
     time.sleep(1)  # the loop has had ticks to act; it must not
     assert res.refresh().state == "degraded" and res.epoch == 1
@@ -159,7 +159,7 @@ def test_controller_crash_during_slot_replacement(cluster, ctl, step):
     victim = ctl.status("fragile").slots[0].node_id
     incarnation = ctl.check_alive()
     ray.get(ctl.handle.arm_fault.remote(step))
-    cluster.remove_node(node_of(cluster, victim))
+    cluster.remove_node(node_of(cluster, victim), allow_graceful=False)
     info = wait_for(
         lambda: _safe_status(ctl, "fragile", lambda i: i.state == "ready" and i.epoch > first),
         timeout=60,

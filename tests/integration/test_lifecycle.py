@@ -71,7 +71,8 @@ def test_a_restarted_controller_repairs_a_lost_node_with_no_call(cluster):
     first = ctl.reserve("quiet", spec("0-3"), timeout_s=60)
     lost = first.info.slots[0].node_id
     kill_controller(ctl)
-    cluster.remove_node(next(n for n in cluster.list_all_nodes() if n.node_id == lost))
+    node = next(n for n in cluster.list_all_nodes() if n.node_id == lost)
+    cluster.remove_node(node, allow_graceful=False)  # abrupt: Ray is not told
     # Observe only the GCS table, as a driver's Reservation.refresh() does.
     res = clients.Controller(None).reservation("quiet")
     info = wait_for(

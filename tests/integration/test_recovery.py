@@ -38,7 +38,8 @@ def add_spare(cluster) -> None:
 
 
 def remove(cluster, node_id: str) -> None:
-    cluster.remove_node(next(n for n in cluster.list_all_nodes() if n.node_id == node_id))
+    node = next(n for n in cluster.list_all_nodes() if n.node_id == node_id)
+    cluster.remove_node(node, allow_graceful=False)  # every process killed, Ray not told
 
 
 class Worker:

@@ -108,3 +108,21 @@ def test_nodes_without_slots_and_the_head_are_not_watched():
         await ctl.stop()
 
     run(go())
+
+
+def test_a_node_that_dies_while_its_group_waits_to_be_placed_is_planned_around():
+    async def go():
+        fake = cluster(gpu_nodes=4)
+        ctl = await controller(fake)
+        fake.create_delay = 0.05  # the groups exist a moment after they are asked for
+        task = asyncio.ensure_future(ctl.reserve("j", spec("0-7", num_nodes=3), timeout_s=5))
+        pending = await until(lambda: stored(fake, "j"))
+        victim = pending.slots[0].node_id
+        fake.kill_node(victim)  # its group, pinned there, can never be placed
+        status = info(await task)
+        assert status.state == "ready"
+        assert victim not in {s.node_id for s in status.slots}
+        assert stored(fake, "j").epoch > pending.epoch
+        await ctl.stop()
+
+    run(go())
