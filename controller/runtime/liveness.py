@@ -61,6 +61,7 @@ class Liveness:
         self._silent_since: dict[str, float] = {}  # node -> first unanswered check
         self._refused_at: dict[str, float] = {}  # node -> first refusal in a row
         self.fenced: dict[str, str] = {}  # node -> why (this incarnation)
+        self._fencing: dict[str, asyncio.Future] = {}  # node -> the fence in flight
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -138,8 +139,17 @@ class Liveness:
         return {n for n in ask if n in self._silent_since and n in self._nodes}
 
     async def _fence(self, node: str, why: str) -> str:
-        if node in self.fenced:  # a sweep and a caller's check found it at once
+        """Fence ``node`` once: concurrent sweeps await the one call in flight. Two
+        ``UnregisterNode`` calls for one node at once stall the GCS's update of it until
+        the second times out (measured on Ray 2.60: dead after 10 s instead of 0.06 s)."""
+        if node in self.fenced:
             return node
+        if node not in self._fencing:
+            self._fencing[node] = asyncio.ensure_future(self._fence_once(node, why))
+            self._fencing[node].add_done_callback(lambda _: self._fencing.pop(node, None))
+        return await asyncio.shield(self._fencing[node])
+
+    async def _fence_once(self, node: str, why: str) -> str:
         info = self._nodes.info(node)
         where = f"{info.ip} ({node[:12]})" if info else node[:12]
         message = f"placectl fenced the node: {why}"

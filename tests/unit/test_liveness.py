@@ -126,3 +126,27 @@ def test_a_node_that_dies_while_its_group_waits_to_be_placed_is_planned_around()
         await ctl.stop()
 
     run(go())
+
+
+def test_callers_who_suspect_a_node_at_once_fence_it_once():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        slow_watch = msgspec.structs.replace(FAST, liveness_period=60.0)
+        ctl = await _reserved(fake, slow_watch)
+        calls = []
+        real = fake.fence
+
+        async def slow_fence(node_id, why):  # Ray's GCS stalls on a second one at once
+            calls.append(node_id)
+            await asyncio.sleep(0.05)
+            await real(node_id, why)
+
+        fake.fence = slow_fence
+        lost = stored(fake, "j").slots[0].node_id
+        fake.crash_node(lost)
+        await asyncio.gather(*(ctl.suspects("j") for _ in range(4)))
+        assert calls == [lost]
+        await until(lambda: stored(fake, "j").epoch == 2)
+        await ctl.stop()
+
+    run(go())
