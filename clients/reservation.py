@@ -199,6 +199,11 @@ class Reservation:
         if it says so. Polls fast at first (a repair takes about a second), then every
         ``poll_s``.
 
+        A node that died without a word is dead to Ray once the controller fences it
+        (about 1.5 s after the fault; 5 s of silence for a hung one): called in between,
+        this returns ``ready`` on the old slot. ``WorkerGroup.repair()`` waits for that
+        verdict itself; ``newer_than`` waits for the repaired epoch.
+
         Args:
             newer_than: also wait until the epoch is greater than this one (the epoch at
                 which the caller saw something fail).
