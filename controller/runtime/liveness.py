@@ -76,7 +76,11 @@ class Liveness:
         while True:
             await asyncio.sleep(self.settings.liveness_period)
             try:
-                await self.sweep(self.watched())
+                watched = self.watched()
+                for doubts in (self._silent_since, self._refused_at):
+                    for node in set(doubts) - watched:  # released: its doubts go too, so
+                        del doubts[node]  # a later reservation there starts afresh
+                await self.sweep(watched)
             except asyncio.CancelledError:
                 raise
             except Exception:

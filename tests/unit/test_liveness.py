@@ -150,3 +150,26 @@ def test_callers_who_suspect_a_node_at_once_fence_it_once():
         await ctl.stop()
 
     run(go())
+
+
+def test_an_old_doubt_about_a_released_node_does_not_fence_it_later():
+    async def go():
+        fake = cluster(gpu_nodes=2)
+        settings = msgspec.structs.replace(FAST, fence_after=0.4)
+        ctl = await _reserved(fake, settings)
+        node = stored(fake, "j").slots[0].node_id
+        fake.crash_node(node, "silent")  # a doubt, not yet a verdict
+        await asyncio.sleep(0.1)
+        await ctl.release("j")
+        await asyncio.sleep(0.4)  # long enough that the old doubt would be a verdict
+        fake.crash_node(node, "ok")
+        await ctl.reserve("j", spec("0-7", num_nodes=3))
+        assert node in {s.node_id for s in stored(fake, "j").slots}
+        fake.crash_node(node, "silent")  # one short silence on the new reservation
+        await asyncio.sleep(0.1)
+        fake.crash_node(node, "ok")
+        await asyncio.sleep(0.05)
+        assert fake.fenced == {}
+        await ctl.stop()
+
+    run(go())
