@@ -89,10 +89,11 @@ def test_wait_ready_reserve_and_status_never_hand_out_a_dead_node(cluster, ctl):
     lost = res.info.slots[0].node_id
     epoch = res.epoch
     remove(cluster, lost)
-    # The instant Ray reports the node dead, nobody answers ready with it.
-    assert lost not in alive_nodes()
+    # Ray still lists the node alive (its health checks have not given up); the first
+    # question asked about the reservation finds the raylet gone and tells Ray.
     status = ctl.status("truth")
     assert status.state != "ready" or lost not in {s.node_id for s in status.slots}
+    assert lost not in alive_nodes()
     assert res.refresh().state != "ready" or lost not in {s.node_id for s in res.info.slots}
     again = ctl.reserve("truth", spec(), timeout_s=60)  # the idempotent path repairs first
     assert again.state == "ready" and again.epoch > epoch
@@ -108,10 +109,11 @@ def test_repair_relaunches_a_crashed_worker_in_its_own_bundle(ctl):
     res = ctl.reserve("crash", spec(), timeout_s=60)
     group = clients.WorkerGroup.launch(res, "rollout", Worker)
     ids = [a._actor_id for a in group.actors]
+    epoch = res.epoch
     ray.kill(group.actors[5], no_restart=True)  # an OOM kill: the node lives
     wait_for(lambda: group.dead_ranks() == [5], timeout=30)
     assert group.repair(timeout=60) == [5]
-    assert res.epoch == 1  # nothing was moved
+    assert res.epoch == epoch  # nothing was moved
     assert [a._actor_id for a in group.actors][:5] == ids[:5]
     assert group.actors[5]._actor_id != ids[5]
     check_group(res, group)
