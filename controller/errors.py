@@ -55,6 +55,12 @@ class StaleReservation(ReservationError):
     """The reservation changed identity (released, replaced) since it was read."""
 
 
+class StaleChange(ReservationError):
+    """A change to a job's record was built on a record another change has replaced
+    since (or is writing now); it was refused and nothing was written. A controller
+    bug, never a user's: every writer holds the job's lock."""
+
+
 class TableUnreadable(ReservationError):
     """The persisted reservation table cannot be read (corrupt, or from a newer placectl).
 

@@ -25,6 +25,7 @@ from controller.errors import PlacementError, ReservationTimeout
 from controller.planning.components import ComponentPlacement, choose_floating_nodes
 from controller.runtime import groups
 from controller.runtime.io import ClusterIO
+from controller.runtime.locks import JobLocks
 from controller.runtime.nodes import ClusterNodes
 from controller.runtime.progress import Progress
 from controller.runtime.state import ReservationState
@@ -46,6 +47,7 @@ class Admitter:
         dead: whether this controller incarnation has ended (tests' crashes).
         release: releases a reservation (a preempted one, at its deadline).
         grace: how long a preempted reservation keeps running before it is released.
+        locks: the job locks; a preemption is a change of the preempted job's record.
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class Admitter:
         dead: Callable[[], bool] = lambda: False,
         release: Callable[[str], Awaitable[bool]] | None = None,
         grace: float = 60.0,
+        locks: JobLocks | None = None,
     ) -> None:
         self._io = io
         self._state = state
@@ -73,6 +76,8 @@ class Admitter:
         self._dead = dead
         self._release = release
         self._grace = grace
+        self._locks = locks or JobLocks()
+        self._preempting: set[str] = set()
         self._waiters: dict[str, asyncio.Event] = {}
         self._admitted: dict[str, dict[str, dict[str, float]]] = {}  # not yet placed
         self._plans: dict[tuple[str, str], tuple[object, dict]] = {}  # (job, uid) -> view, needs
@@ -151,7 +156,9 @@ class Admitter:
             else:
                 self._spawn(self._place(job))
         for job, waiter in decision.preempt.items():
-            await self._preempt(job, waiter)
+            if job not in self._preempting:  # it waits for the job's lock: not here
+                self._preempting.add(job)
+                self._spawn(self._preempt(job, waiter))
         for job, (pos, why) in decision.waiting.items():
             self._progress.say(job, f"queued: position {pos} of {len(records)}: {why}")
         return decision
@@ -163,16 +170,24 @@ class Admitter:
 
     async def _preempt(self, job: str, waiter: str) -> None:
         """Give a preemptible reservation its deadline (written to the table, where its
-        drivers and workers read it)."""
-        res = self._state.get(job)
-        if res is None or res.preempt_at or not res.preemptible:
-            return
-        grace = res.preempt_grace or self._grace
-        deadline = time.time() + grace
-        at = time.strftime("%H:%M:%S", time.localtime(deadline))
-        reason = f"preempted for {waiter!r}: released at {at}"
-        await self._state.commit(msgspec.structs.replace(res, preempt_at=deadline, reason=reason))
-        log.warning("preempting %r for %r: released in %.0fs", job, waiter, grace)
+        drivers and workers read it), once whatever is changing it now is done."""
+        try:
+            async with self._locks.job(job):
+                res = self._state.get(job)
+                if res is None or res.preempt_at or not res.preemptible or not res.slots:
+                    return
+                grace = res.preempt_grace or self._grace
+                deadline = time.time() + grace
+                at = time.strftime("%H:%M:%S", time.localtime(deadline))
+                reason = f"preempted for {waiter!r}: released at {at}"
+                marked = msgspec.structs.replace(res, preempt_at=deadline, reason=reason)
+                await self._state.commit(marked, base=res)
+            log.warning("preempting %r for %r: released in %.0fs", job, waiter, grace)
+        except Exception as e:
+            log.warning("preempting %r failed: %s; the next pass decides again", job, e)
+        finally:
+            self._preempting.discard(job)
+            self.wake()
 
     async def _release_preempted(self, job: str) -> None:
         res = self._state.get(job)
@@ -238,7 +253,7 @@ class Admitter:
             queued_at=now,
             **msgspec.structs.asdict(terms),
         )
-        await self._state.commit(record)
+        await self._state.commit(record, base=self._state.get(job))
         log.info("queued %r in %r at priority %d", job, terms.queue, terms.priority)
         self.wake()
         return record
@@ -255,8 +270,9 @@ class Admitter:
         asked = {"queue": terms.queue or queued.queue, "priority": terms.priority}
         asked["preemptible"] = terms.preemptible
         if any(getattr(queued, k) != v for k, v in asked.items()):
-            queued = msgspec.structs.replace(queued, **asked)
-            await self._state.commit(queued)
+            changed = msgspec.structs.replace(queued, **asked)
+            await self._state.commit(changed, base=queued)
+            queued = changed
         return queued
 
     async def wait_turn(self, record: ReservationRecord, deadline: float) -> None:

@@ -206,7 +206,8 @@ class Applier:
         epoch = max(res.epoch, self._state.epoch(job)) + 1
         previous = await self._state.published(job)
         intent = Applying(epoch=epoch, group_names=[s.group_name for s in change.created])
-        await self._state.commit(msgspec.structs.replace(res, applying=intent))
+        current = msgspec.structs.replace(res, applying=intent)
+        await self._state.commit(current, base=res)
         crash_point("apply_after_intent")
         free = await self._io.free_resources()
         first, later = [], []
@@ -227,7 +228,9 @@ class Applier:
                         res.slots[i].group_id for c in later for i in change.rebuilt[c]
                     } - {""}
                     marked = msgspec.structs.replace(intent, removed=sorted(removed_early))
-                    await self._state.commit(msgspec.structs.replace(res, applying=marked))
+                    marked_record = msgspec.structs.replace(res, applying=marked)
+                    await self._state.commit(marked_record, base=current)
+                    current = marked_record
                     left = await groups.remove_verified(
                         self._io, removed_early, self.settings.removal_timeout
                     )
@@ -257,11 +260,11 @@ class Applier:
             new = await self._applied_record(res, spec, change, floating, fresh, epoch, holds)
             published = publish(new, change.plan, previous=previous)
             stored = StoredPlan(job=job, uid=res.uid, epoch=epoch, plan=change.plan)
-            await self._state.commit(new, plan=stored, published=published)
+            await self._state.commit(new, base=current, plan=stored, published=published)
         except BaseException:
             if self._incarnation.dead:
                 raise
-            await self._undo_apply(res, set(created.values()), intent, bool(removed_early))
+            await self._undo_apply(res, current, set(created.values()), intent, bool(removed_early))
             raise
         finally:
             self._leaser.drop_holds(holds)
@@ -323,14 +326,19 @@ class Applier:
         return new
 
     async def _undo_apply(
-        self, res: ReservationRecord, created: set[str], intent: Applying, rebuilt: bool
+        self,
+        res: ReservationRecord,
+        current: ReservationRecord,
+        created: set[str],
+        intent: Applying,
+        rebuilt: bool,
     ) -> None:
         ids = created | await groups.ids_by_name(self._io, set(intent.group_names))
         left = await groups.remove_verified(self._io, ids, self.settings.removal_timeout)
         if left:
             log.warning("apply to %r rolled back; groups %s not removed yet", res.job, left)
         try:
-            await self._state.commit(msgspec.structs.replace(res, applying=None))
+            await self._state.commit(msgspec.structs.replace(res, applying=None), base=current)
         except Exception as e:
             log.warning("apply to %r rolled back; clearing its intent failed: %s", res.job, e)
         if rebuilt:

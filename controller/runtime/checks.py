@@ -119,25 +119,30 @@ class Checker:
 
     async def check(self, job: str, table: dict[str, GroupInfo]) -> None:
         """Record a settled reservation ready or degraded by what Ray reports (``table``:
-        Ray's entries of its groups)."""
-        res = self._state.get(job)
-        if res is None or not res.settled:
+        Ray's entries of its groups). The verdict is a change of the job's record, so
+        it is written under the job's lock, taken only when free: a job another call is
+        changing is checked again at the next tick instead."""
+        lock = self._locks.job(job)
+        if lock.locked():
+            self.recheck(job)
             return
-        if self._locks.busy(job):
-            self.recheck(job)  # a call is changing it; look again next tick
-            return
-        found = groups.problems(res, table, self._nodes)
-        state, reason = (DEGRADED, "; ".join(found)) if found else (READY, "")
-        if state == res.state == DEGRADED:
-            return  # while degraded, the repair owns the reason
-        if state == DEGRADED and res.repair == MANUAL:
-            reason += f"; repair policy is manual: run `placectl repair {job}`"
-        if (state, reason) == (res.state, res.reason):
-            return
-        try:
-            await self._state.commit(msgspec.structs.replace(res, state=state, reason=reason))
-        except Exception as e:
-            self.recheck(job)  # memory is unchanged: try again next tick
-            log.warning("could not record that %r is %s: %s", job, state, e)
-            return
+        async with lock:
+            res = self._state.get(job)
+            if res is None or not res.settled:
+                return
+            found = groups.problems(res, table, self._nodes)
+            state, reason = (DEGRADED, "; ".join(found)) if found else (READY, "")
+            if state == res.state == DEGRADED:
+                return  # while degraded, the repair owns the reason
+            if state == DEGRADED and res.repair == MANUAL:
+                reason += f"; repair policy is manual: run `placectl repair {job}`"
+            if (state, reason) == (res.state, res.reason):
+                return
+            try:
+                changed = msgspec.structs.replace(res, state=state, reason=reason)
+                await self._state.commit(changed, base=res)
+            except Exception as e:
+                self.recheck(job)  # memory is unchanged: try again next tick
+                log.warning("could not record that %r is %s: %s", job, state, e)
+                return
         log.warning("reservation %r is now %s %s", job, state, reason)

@@ -149,6 +149,7 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
             lambda: inc.dead,
             self._reserver.release,
             cfg.preempt_grace,
+            lk,
         )
         self._reserver.admitter = self._admitter
         self._applier = Applier(io, st, nd, lk, ck, ls, pg, inc, cfg, prefix)

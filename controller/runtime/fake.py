@@ -17,6 +17,8 @@ import collections
 import contextlib
 import itertools
 
+import msgspec
+
 from controller.runtime.io import (
     CREATED,
     HEAD_RESOURCE,
@@ -95,6 +97,7 @@ class FakeCluster:
         self.warmed: collections.Counter[str] = collections.Counter()
         self.fail_kv_writes = 0  # the next n writes raise
         self.hang_kv_writes = False  # writes never return
+        self.write_gate = None  # async (key) -> None: holds a put open (a slow write)
         self.slow_removal: set[str] = set()  # group ids whose removal Ray never reports
         self.create_delay = 0.0  # seconds a creation takes; it completes even if the
         # caller stops waiting, as Ray's does
@@ -151,7 +154,7 @@ class FakeCluster:
     def kill_node(self, node_id: str) -> None:
         """The node dies: its groups go to RESCHEDULING (pinned, they cannot move)."""
         node = self.nodes_by_id[node_id]
-        node.info = NodeInfo(**{**_fields(node.info), "alive": False})
+        node.info = msgspec.structs.replace(node.info, alive=False)
         for gid in self._on_node[node_id]:
             g = self.groups_by_id[gid]
             if g.state == CREATED:
@@ -185,7 +188,9 @@ class FakeCluster:
         self._cost("kv_multi_get", self.latency.gcs_rtt)
         return {k: self.kv[k] for k in keys if k in self.kv}
 
-    async def _write(self) -> None:
+    async def _write(self, key: bytes = b"") -> None:
+        if self.write_gate is not None:
+            await self.write_gate(key)
         if self.hang_kv_writes:
             await asyncio.Event().wait()
         if self.fail_kv_writes:
@@ -194,7 +199,7 @@ class FakeCluster:
 
     async def kv_put(self, key: bytes, value: bytes) -> None:
         self._cost("kv_put", self.latency.gcs_rtt)
-        await self._write()
+        await self._write(key)
         self.kv[key] = bytes(value)
         self.bytes_written += len(key) + len(value)
 
@@ -378,8 +383,7 @@ class FakeCluster:
 
 
 class DriverTable:
-    """The fake cluster as a driver reads it (``clients.session.RayTable``'s interface):
-    the table's keys, and which nodes are dead."""
+    """The fake cluster as a driver reads it: ``clients.session.RayTable``'s interface."""
 
     def __init__(self, fake: FakeCluster) -> None:
         self.fake = fake
@@ -393,7 +397,3 @@ class DriverTable:
     def dead_nodes(self, node_ids: list[str]) -> set[str]:
         nodes = self.fake.nodes_by_id
         return {n for n in node_ids if n not in nodes or not nodes[n].info.alive}
-
-
-def _fields(info: NodeInfo) -> dict:
-    return {f: getattr(info, f) for f in info.__struct_fields__}

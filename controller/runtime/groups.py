@@ -12,6 +12,7 @@ from collections.abc import Callable, Container, Iterable
 import msgspec
 
 from controller.errors import ReservationError, ReservationInfeasible, ReservationTimeout
+from controller.planning.cluster import ClusterView
 from controller.planning.node_groups import ACCELERATOR
 from controller.runtime.io import CREATED, REMOVED, ClusterIO, GroupInfo
 from controller.runtime.nodes import ClusterNodes
@@ -22,6 +23,35 @@ log = logging.getLogger("placectl.controller")
 PROGRESS_LOG_PERIOD_S = 5.0
 
 Say = Callable[[str], None]
+
+
+async def wait_for_nodes(
+    io: ClusterIO, nodes: ClusterNodes, job: str, spec, deadline: float, say: Say
+) -> ClusterView:
+    """The live cluster once it has the ``spec.num_nodes`` nodes a plan needs.
+
+    Raises:
+        ReservationTimeout: still too few at ``deadline``.
+    """
+    last_log = 0.0
+    view = nodes.view(spec.accelerator)
+    while view.num_nodes < spec.num_nodes:
+        nodes.set_all(await io.nodes())  # a join the loop has not seen
+        view = nodes.view(spec.accelerator)
+        if view.num_nodes >= spec.num_nodes:
+            break
+        message = f"waiting for nodes: {view.num_nodes} of {spec.num_nodes} alive"
+        say(message)
+        if time.monotonic() - last_log > PROGRESS_LOG_PERIOD_S:
+            log.info("%s: %s", job, message)
+            last_log = time.monotonic()
+        if time.monotonic() >= deadline:
+            raise ReservationTimeout(
+                f"reservation {job!r} timed out: the cluster has {view.num_nodes} alive "
+                f"nodes, the configuration needs num_nodes={spec.num_nodes}"
+            )
+        await asyncio.sleep(0.5)
+    return view
 
 
 def refuse_if_it_never_fits(

@@ -195,7 +195,8 @@ class Leaser:
                 lease = await self._find_ports(
                     res, plan, component, rank, count, consecutive, purpose, holds
                 )
-                await self._state.commit(msgspec.structs.replace(res, leases=[*res.leases, lease]))
+                leased = msgspec.structs.replace(res, leases=[*res.leases, lease])
+                await self._state.commit(leased, base=res)
             finally:
                 self.drop_holds(holds)
             return list(lease.ports)
@@ -213,5 +214,5 @@ class Leaser:
             keep = [x for x in res.leases if x.purpose == MASTER or not drop & set(x.ports)]
             ended = len(res.leases) - len(keep)
             if ended:
-                await self._state.commit(msgspec.structs.replace(res, leases=keep))
+                await self._state.commit(msgspec.structs.replace(res, leases=keep), base=res)
             return ended

@@ -88,7 +88,7 @@ class Reconciler:
             res = self._state.records[job]
             if res.applying is not None:
                 log.warning("rolling back an apply to %r cut short by a restart", job)
-                await self._state.commit(msgspec.structs.replace(res, applying=None))
+                await self._state.commit(msgspec.structs.replace(res, applying=None), base=res)
                 res = self._state.records[job]  # its groups are orphans now
             if res.state in (PENDING, RELEASING):
                 log.warning("finishing %s reservation %r cut short by a restart", res.state, job)
@@ -199,7 +199,8 @@ class Reconciler:
             res = self._state.get(job)
             if res is not None and res.applying is not None:
                 try:
-                    await self._state.commit(msgspec.structs.replace(res, applying=None))
+                    cleared = msgspec.structs.replace(res, applying=None)
+                    await self._state.commit(cleared, base=res)
                 except Exception as e:
                     log.info("clearing the apply intent of %r: %s", job, e)
 

@@ -137,7 +137,7 @@ class Repairer:
                         plan = (await self._state.plan(job)).plan
                         previous = await self._state.published(job)
                         published = publish(new, plan, previous=previous)
-                        await self._state.commit(new, published=published)
+                        await self._state.commit(new, base=res, published=published)
                 finally:
                     self._leaser.drop_holds(holds)
                     self._making.pop(job, None)
@@ -147,7 +147,8 @@ class Repairer:
                         why += f"; repair policy is manual: run `placectl repair {job}`"
                     if why and why != res.reason:
                         log.warning("reservation %r stays degraded: %s", job, why)
-                        await self._state.commit(msgspec.structs.replace(res, reason=why))
+                        changed = msgspec.structs.replace(res, reason=why)
+                        await self._state.commit(changed, base=res)
                     return
                 self._after.pop(job, None)
                 self._incarnation.crash_point("replace_after_write")
@@ -183,7 +184,7 @@ class Repairer:
             or table[s.group_id].state != CREATED
         ]
         if not broken:
-            await self._state.commit(msgspec.structs.replace(res, state=READY, reason=""))
+            await self._state.commit(msgspec.structs.replace(res, state=READY, reason=""), base=res)
             return None, "", set()
         live = self._nodes.view(res.spec.accelerator)
         live_by_id = {n.node_id: n for n in live.nodes}

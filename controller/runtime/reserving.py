@@ -26,9 +26,7 @@ from controller.errors import (
     ReservationCancelled,
     ReservationConflict,
     ReservationError,
-    ReservationTimeout,
 )
-from controller.planning.cluster import ClusterView
 from controller.planning.components import ComponentPlacement, choose_floating_nodes
 from controller.runtime import groups
 from controller.runtime.admission import Admitter
@@ -129,8 +127,9 @@ class Reserver:
             same = existing is not None and existing.settled and existing.spec == spec
             if same:
                 if existing.repair != policy:
-                    existing = msgspec.structs.replace(existing, repair=policy)
-                    await self._state.commit(existing)
+                    changed = msgspec.structs.replace(existing, repair=policy)
+                    await self._state.commit(changed, base=existing)
+                    existing = changed
                 if self._checker.truthful(existing).state == READY or policy != AUTO:
                     return existing
             else:
@@ -211,7 +210,9 @@ class Reserver:
                 except Exception as e:
                     log.warning("placing admitted reservation %r failed: %s; queued again", job, e)
                     why = f"admitted, but placing it failed ({e}); queued again"
-                    await self._state.commit(msgspec.structs.replace(queued, reason=why))
+                    if (now := self._state.get(job)) is not None and now.state == QUEUED:
+                        again = msgspec.structs.replace(now, reason=why)
+                        await self._state.commit(again, base=now)
                 finally:
                     self._reserving.pop(job, None)
                     self._progress.clear(job)
@@ -229,28 +230,6 @@ class Reserver:
         async with self._locks.job(job):  # the rollback is done once the lock is free
             return True
 
-    async def _wait_for_nodes(self, job: str, spec, deadline: float) -> ClusterView:
-        last_log = 0.0
-        view = self._nodes.view(spec.accelerator)
-        while True:
-            if view.num_nodes >= spec.num_nodes:
-                return view
-            self._nodes.set_all(await self._io.nodes())  # a join the loop has not seen
-            view = self._nodes.view(spec.accelerator)
-            if view.num_nodes >= spec.num_nodes:
-                return view
-            message = f"waiting for nodes: {view.num_nodes} of {spec.num_nodes} alive"
-            self._progress.say(job, message)
-            if time.monotonic() - last_log > groups.PROGRESS_LOG_PERIOD_S:
-                log.info("%s: %s", job, message)
-                last_log = time.monotonic()
-            if time.monotonic() >= deadline:
-                raise ReservationTimeout(
-                    f"reservation {job!r} timed out: the cluster has {view.num_nodes} alive "
-                    f"nodes, the configuration needs num_nodes={spec.num_nodes}"
-                )
-            await asyncio.sleep(0.5)
-
     async def _create(
         self,
         job: str,
@@ -261,7 +240,9 @@ class Reserver:
         terms: Terms = NO_TERMS,
     ) -> ReservationRecord:
         entered = time.monotonic()
-        view = await self._wait_for_nodes(job, spec, deadline)
+        before = self._state.get(job)  # none, or this job's queued record
+        say = lambda m: self._progress.say(job, m)  # noqa: E731
+        view = await groups.wait_for_nodes(self._io, self._nodes, job, spec, deadline, say)
         floating_groups = [g for g in spec.node_groups if g.floating]
         floating = (
             choose_floating_nodes(spec, view, floating_groups, await self._io.free_resources())
@@ -291,12 +272,12 @@ class Reserver:
         stored = StoredPlan(job=job, uid=uid, epoch=epoch, plan=plan)
         crash_point = self._incarnation.crash_point
         crash_point("after_plan")
-        await self._state.commit(record, plan=stored)
+        await self._state.commit(record, base=before, plan=stored)
+        pending = record
         created: dict[int, str] = {}
         holds: list = []
         try:
             t0 = time.monotonic()
-            say = lambda m: self._progress.say(job, m)  # noqa: E731
             slots = await groups.create_and_wait(
                 self._io,
                 job,
@@ -319,7 +300,7 @@ class Reserver:
             record = await self._leaser.lease_masters(record, plan, holds)
             published = publish(record, plan)  # node-group env clashes surface here
             ready = msgspec.structs.replace(record, state=READY)
-            await self._state.commit(ready, published=published)
+            await self._state.commit(ready, base=pending, published=published)
             self.last_timings = {
                 "plan_s": round(t0 - entered, 6),
                 "place_s": round(t1 - t0, 6),
@@ -327,7 +308,7 @@ class Reserver:
             }
         except BaseException as e:
             if not self._incarnation.dead:
-                await self._rollback(record, created)
+                await self._rollback(record, pending, created)
             raise e
         finally:
             self._leaser.drop_holds(holds)
@@ -337,9 +318,9 @@ class Reserver:
         )
         return ready
 
-    async def _rollback(self, record: ReservationRecord, created: dict[int, str]) -> None:
-        """Undo a reservation that did not complete. Shielded from cancellation: a
-        second cancel must not leave half of it behind."""
+    async def _rollback(self, record, pending: ReservationRecord, created: dict) -> None:
+        """Undo a reservation that did not complete (``record`` as far as it got,
+        ``pending`` as written). Shielded: a second cancel must not leave half behind."""
 
         async def undo() -> None:
             ids = set(created.values()) | record.group_ids()
@@ -350,7 +331,7 @@ class Reserver:
                 marked = msgspec.structs.replace(
                     record, state=RELEASING, reason=f"rolling back: groups {sorted(left)} remain"
                 )
-                await self._state.commit(marked)
+                await self._state.commit(marked, base=pending)
                 return
             await self._state.forget(record.job)
 
@@ -366,8 +347,9 @@ class Reserver:
         if res is None:
             return False
         if res.state != RELEASING:
-            res = msgspec.structs.replace(res, state=RELEASING, reason="releasing")
-            await self._state.commit(res)
+            marked = msgspec.structs.replace(res, state=RELEASING, reason="releasing")
+            await self._state.commit(marked, base=res)
+            res = marked
         self._incarnation.crash_point("release_after_mark")
         ids = res.group_ids()
         if any(not s.group_id for s in res.slots):  # cut short before ids were recorded
@@ -377,7 +359,7 @@ class Reserver:
         self._incarnation.crash_point("release_after_remove")
         if left:
             why = f"Ray still reports placement group(s) {sorted(left)}; retrying"
-            await self._state.commit(msgspec.structs.replace(res, reason=why))
+            await self._state.commit(msgspec.structs.replace(res, reason=why), base=res)
             raise ReservationError(
                 f"release of {job!r} is not complete: Ray still reports placement group(s) "
                 f"{sorted(left)} after {timeout:g}s; placectl keeps removing "

@@ -9,8 +9,11 @@ counts by state that metrics report.
 The only way to change any of it is :meth:`ReservationState.commit` (or
 :meth:`~ReservationState.forget`), which writes the change to the GCS through the
 :class:`~controller.runtime.store.Store` first and applies it in memory only once the
-write succeeded: intent first, enforced here instead of by every operation. Reads return
-frozen records and read-only mappings.
+write succeeded: intent first, enforced here instead of by every operation. A commit
+names the record it was built from and is refused unless that record is still current
+and no other write of the job is under way, so two writers of one job can never lose
+each other's change silently (see :mod:`controller.runtime.locks` for who writes when).
+Reads return frozen records and read-only mappings.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from controller.errors import ReservationError, UnknownReservation
+from controller.errors import ReservationError, StaleChange, UnknownReservation
 from controller.runtime.io import Metrics
 from controller.runtime.store import Loaded, Store
 from controller.state.published import Published
@@ -53,6 +56,7 @@ class ReservationState:
         self._held_names: set[str] = set()  # group names and ids the records reference
         self._held_ids: set[str] = set()
         self._quotas: dict[str, dict[str, float]] = {}
+        self._writing: set[str] = set()  # jobs whose change is being written now
         self.bytes_written = 0
 
     # ------------------------------------------------------------ reads
@@ -141,19 +145,33 @@ class ReservationState:
         self,
         record: ReservationRecord,
         *,
+        base: ReservationRecord | None,
         plan: StoredPlan | None = None,
         published: Published | None = None,
     ) -> None:
         """Write ``record`` (and what changed with it), then make it current in memory.
 
+        Args:
+            record: the job's new record.
+            base: the record the change was built from (None: the job had none). It
+                must still be the job's current record, with no other write of the job
+                under way: a change never lands on top of one it did not see.
+
         Raises:
+            StaleChange: ``base`` is not current, or another change is being written;
+                nothing was written.
             PersistenceError: the write failed; nothing changed.
         """
         job = record.job
-        if plan is None and published is None and record.epoch == self._epochs.get(job):
-            self.bytes_written += await self._store.write_record(record)
-        else:
-            self.bytes_written += await self._store.write(record, plan, published)
+        self._check_base(job, base)
+        self._writing.add(job)
+        try:
+            if plan is None and published is None and record.epoch == self._epochs.get(job):
+                self.bytes_written += await self._store.write_record(record)
+            else:
+                self.bytes_written += await self._store.write(record, plan, published)
+        finally:
+            self._writing.discard(job)
         old = self._records.get(job)
         self._records[job] = record
         self._epochs[job] = max(self._epochs.get(job, 0), record.epoch)
@@ -165,10 +183,28 @@ class ReservationState:
         self._index(job, old, record)
         self._account(old, record)
 
+    def _check_base(self, job: str, base: ReservationRecord | None) -> None:
+        current = self._records.get(job)
+        if job in self._writing or current is not base:
+            what = "is being written by another change" if job in self._writing else "changed"
+            raise StaleChange(
+                f"reservation {job!r} {what} while this change to it was being made; "
+                "nothing was written (a controller bug: report it)"
+            )
+
     async def forget(self, job: str) -> None:
-        """Delete ``job``'s record and what hangs off it (its epoch counter stays)."""
+        """Delete ``job``'s record and what hangs off it (its epoch counter stays).
+
+        Raises:
+            StaleChange: another change of ``job`` is being written; nothing was deleted.
+        """
+        self._check_base(job, self._records.get(job))
         if job in self._records:
-            await self._store.delete(self._records[job])
+            self._writing.add(job)
+            try:
+                await self._store.delete(self._records[job])
+            finally:
+                self._writing.discard(job)
         old = self._records.pop(job, None)
         self._plans.pop(job, None)
         self._published.pop(job, None)

@@ -1,0 +1,109 @@
+"""One writer per reservation: a change of a job's record is never built on a record
+another change has replaced meanwhile. Each race is made deterministic by holding one
+GCS write open (a slow write, as a busy GCS gives) while another call runs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from controller.errors import StaleChange
+from controller.state.records import ReservationRecord
+from controller.state.table import RECORD, key
+from tests.unit.fakes import cluster, controller, run, spec, stored, until
+
+
+class Gate:
+    """Holds the next write of one job's record until :meth:`open` is called."""
+
+    def __init__(self, job: str) -> None:
+        self.key = key(RECORD, job)
+        self.held = asyncio.Event()
+        self._open = asyncio.Event()
+
+    async def __call__(self, written: bytes) -> None:
+        if written == self.key and not self.held.is_set():
+            self.held.set()
+            await self._open.wait()
+
+    def open(self) -> None:
+        self._open.set()
+
+
+def watch(fake, job: str) -> list[ReservationRecord]:
+    """Every record of ``job`` the GCS is given, in order."""
+    written, put = [], fake.kv_put
+
+    async def kv_put(k: bytes, v: bytes) -> None:
+        await put(k, v)
+        if k == key(RECORD, job):
+            written.append(msgspec.msgpack.decode(v, type=ReservationRecord))
+
+    fake.kv_put = kv_put
+    return written
+
+
+def test_a_lease_taken_while_a_check_records_a_dead_node_is_kept():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        await ctl.reserve("j", spec("0-7", num_nodes=3), repair="manual")
+        fake.write_gate = gate = Gate("j")
+        fake.kill_node(stored(fake, "j").slots[0].node_id)
+        await until(gate.held.is_set)  # the check's "degraded" is being written
+        lease = asyncio.create_task(ctl.lease_ports("j", "actor", rank=4, name="nccl"))
+        await asyncio.sleep(0.05)  # the lease runs as far as it can
+        gate.open()
+        ports = await asyncio.wait_for(lease, 5)
+        record = await until(lambda: (r := stored(fake, "j")).state == "degraded" and r)
+        assert [lease.ports for lease in record.leases if lease.purpose != "master"] == [ports]
+        assert ctl.state.get("j") == record  # memory and table agree
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_preemption_is_not_erased_by_a_change_in_flight():
+    async def go():
+        fake = cluster(gpu_nodes=1)
+        ctl = await controller(fake)
+        low = spec("0-3", num_nodes=2)
+        await ctl.reserve("low", low, 5, preemptible=True, preempt_grace_s=60)
+        written = watch(fake, "low")
+        fake.write_gate = gate = Gate("low")
+        lease = asyncio.create_task(ctl.lease_ports("low", "actor", rank=1, name="nccl"))
+        await until(gate.held.is_set)  # the lease's record is being written
+        vip = asyncio.create_task(
+            ctl.reserve("vip", spec("0-3", num_nodes=2), 30, queue="q", priority=5)
+        )
+        await asyncio.sleep(0.1)  # the admitter decides to preempt low meanwhile
+        gate.open()
+        await asyncio.wait_for(lease, 5)
+        record = await until(lambda: (r := stored(fake, "low")).preempt_at and r, timeout=5)
+        assert "preempted for 'vip'" in record.reason
+        assert any(lease.purpose != "master" for lease in record.leases)
+        first = next(i for i, r in enumerate(written) if r.preempt_at)
+        # Once drivers were told the deadline, no later write takes it back or moves it.
+        assert {r.preempt_at for r in written[first:]} == {record.preempt_at}
+        assert ctl.state.get("low") == record
+        vip.cancel()
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_commit_built_on_a_replaced_record_is_refused():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        await ctl.reserve("j", spec("0-7", num_nodes=3))
+        old = ctl.state.get("j")
+        await ctl.lease_ports("j", "actor", rank=0, name="a")
+        with pytest.raises(StaleChange, match="'j' changed"):
+            await ctl.state.commit(msgspec.structs.replace(old, reason="x"), base=old)
+        assert stored(fake, "j") == ctl.state.get("j") != old
+        await ctl.stop()
+
+    run(go())
