@@ -130,7 +130,7 @@ class Checker:
             res = self._state.get(job)
             if res is None or not res.settled:
                 return
-            found = groups.problems(res, table, self._nodes)
+            found = list(groups.broken_slots(res, table, self._nodes).values())
             state, reason = (DEGRADED, "; ".join(found)) if found else (READY, "")
             if state == res.state == DEGRADED:
                 return  # while degraded, the repair owns the reason

@@ -238,21 +238,23 @@ async def probe(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def problems(
+def broken_slots(
     res: ReservationRecord, groups: dict[str, GroupInfo], alive: Container[str]
-) -> list[str]:
-    """What is wrong with a settled reservation's slots (empty when all is well);
-    ``alive`` holds the alive node ids."""
-    found = []
+) -> dict[int, str]:
+    """The one rule for which slots of a settled reservation are broken, each with why
+    (empty when all is well): its node is not in ``alive`` (the alive node ids), or Ray
+    does not report its group ``CREATED`` (``groups``: Ray's entries of its groups). A
+    check records the reasons; a repair replaces exactly these slots."""
+    found = {}
     for i, slot in enumerate(res.slots):
         where = f"slot {i} (node rank {slot.node_rank}, {slot.node_ip})"
         info = groups.get(slot.group_id)
         if slot.node_id not in alive:
-            found.append(f"{where}: node {slot.node_id[:12]} is dead")
+            found[i] = f"{where}: node {slot.node_id[:12]} is dead"
         elif info is None or info.state == REMOVED:
-            found.append(f"{where}: placement group {slot.group_id} was removed")
+            found[i] = f"{where}: placement group {slot.group_id} was removed"
         elif info.state != CREATED:
-            found.append(f"{where}: placement group is {info.state}")
+            found[i] = f"{where}: placement group is {info.state}"
     return found
 
 

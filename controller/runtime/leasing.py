@@ -47,7 +47,6 @@ class Leaser:
         self._state = state
         self._locks = locks
         self.settings = settings
-        self._ports_lock = asyncio.Lock()
         self._tentative: dict[str, set[int]] = {}
 
     def _held(self, node_id: str) -> set[int]:
@@ -96,11 +95,12 @@ class Leaser:
         width = max(4 * count, 256)
         tried: set[int] = set()
         for _ in range(MAX_WINDOWS):
-            async with self._ports_lock:
-                window = candidates(low, high, self._held(node) | tried, start)[:width]
-                if len(window) < count:
-                    break
-                self._tentative.setdefault(node, set()).update(window)
+            # No await between choosing the window and holding it: no other lease of
+            # the node can choose the same ports meanwhile, without a lock.
+            window = candidates(low, high, self._held(node) | tried, start)[:width]
+            if len(window) < count:
+                break
+            self._tentative.setdefault(node, set()).update(window)
             try:
                 free = await asyncio.wait_for(
                     self._io.free_ports(node, window), self.settings.port_check_timeout

@@ -22,7 +22,7 @@ from controller.errors import ReservationTimeout
 from controller.runtime import groups
 from controller.runtime.checks import Checker
 from controller.runtime.incarnation import Incarnation
-from controller.runtime.io import CREATED, ClusterIO
+from controller.runtime.io import ClusterIO
 from controller.runtime.leasing import Leaser
 from controller.runtime.locks import JobLocks
 from controller.runtime.nodes import ClusterNodes
@@ -176,13 +176,7 @@ class Repairer:
         in ``holds`` until the caller has written the record."""
         self._nodes.set_all(await self._io.nodes())
         table = await self._io.groups(sorted(res.group_ids()))
-        broken = [
-            i
-            for i, s in enumerate(res.slots)
-            if s.node_id not in self._nodes
-            or s.group_id not in table
-            or table[s.group_id].state != CREATED
-        ]
+        broken = sorted(groups.broken_slots(res, table, self._nodes))
         if not broken:
             await self._state.commit(msgspec.structs.replace(res, state=READY, reason=""), base=res)
             return None, "", set()
