@@ -27,7 +27,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 import clients
-from tests.integration import machines
+from clients.testing import machines
 
 SETTINGS = {"Ray's defaults": {}, "tighter": machines.TIGHT_HEALTH_CHECKS}
 KINDS = ("crash", "hang", "raylet")

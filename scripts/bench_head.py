@@ -40,7 +40,7 @@ from ray.util.placement_group import placement_group_table
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import clients
-from tests.integration.head import FaultTolerantCluster, restartable_cluster
+from clients.testing.head import FaultTolerantCluster, restartable_cluster
 
 GPUS = 4
 SPEC = {"num_nodes": 3, "component_placement": {"actor,rollout": "0-7"}}

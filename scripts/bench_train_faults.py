@@ -11,7 +11,7 @@ seconds from the fault to the next finished training step, and checks that every
 per-step metrics equal the first run's.
 
 With ``--tight-health-checks`` the cluster checks its nodes' health as the README
-recommends (``tests/integration/machines.TIGHT_HEALTH_CHECKS``) instead of Ray's defaults.
+recommends (``clients.testing.machines.TIGHT_HEALTH_CHECKS``) instead of Ray's defaults.
 
 Usage: scripts/bench_train_faults.py [--trials 3] [--faults crash@3,hang@6]
                                      [--tight-health-checks]

@@ -63,14 +63,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from chaos_machines import MachineFaults
 
 import clients
+from clients.testing.head import FaultTolerantCluster, RedisServer
+from clients.testing.legacy import v1_table
 from controller import ComponentPlacement, PlacementError, load_spec
 from controller.errors import TableUnreadable
 from controller.runtime.nodes import live_view
 from controller.runtime.ray_io import node_infos
 from controller.state.table import KV_NAMESPACE, LEGACY_KEY, kv_prefix, migrate_v1
 from controller.state.table import QUOTA as QUOTA_KEY
-from tests.integration.head import FaultTolerantCluster, RedisServer
-from tests.unit.fakes import v1_table
 
 GPUS = 4
 JOBS = ["a", "b", "c", "d"]

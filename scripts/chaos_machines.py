@@ -19,7 +19,7 @@ import time
 import ray
 
 import clients
-from tests.integration import machines
+from clients.testing import machines
 
 
 def _pinger():

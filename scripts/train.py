@@ -64,7 +64,7 @@ from grpo import report
 from grpo.config import TrainConfig
 from grpo.job import MACHINE_FAULTS
 
-from tests.integration import machines
+from clients.testing import machines
 
 HERE = pathlib.Path(__file__).resolve().parent
 SPEC = HERE / "examples" / "grpo.yaml"

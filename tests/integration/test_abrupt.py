@@ -16,7 +16,7 @@ import pytest
 import ray
 
 import clients
-from tests.integration import machines
+from clients.testing import machines
 from tests.integration.conftest import local_cluster, wait_for
 
 GPUS = 4

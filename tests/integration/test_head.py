@@ -18,9 +18,9 @@ from ray.util.placement_group import placement_group_table
 
 import clients
 from clients.session import RayTable
+from clients.testing.head import FaultTolerantCluster, restartable_cluster
 from controller.errors import ClusterUnavailable
 from tests.integration.conftest import placectl_cli, wait_for
-from tests.integration.head import FaultTolerantCluster, restartable_cluster
 
 GPUS = 4
 JOB = "headjob"

@@ -13,12 +13,12 @@ from ray.experimental import internal_kv
 from ray.util.placement_group import placement_group_table
 
 import clients
+from clients.testing.legacy import v1_table
 from controller.errors import StaleReservation, TableUnreadable
 from controller.runtime.nodes import live_view
 from controller.runtime.ray_io import node_infos
 from controller.state.table import KV_NAMESPACE, LEGACY_KEY, RECORD, key, kv_prefix
 from tests.integration.conftest import live_groups, local_cluster, wait_for
-from tests.unit.fakes import v1_table
 
 GPUS = 4
 
