@@ -41,6 +41,7 @@ from controller.runtime.progress import Progress
 from controller.runtime.settings import Settings
 from controller.runtime.state import ReservationState
 from controller.state.change import ApplySummary, Change, bound_view, plan_slots_change
+from controller.state.owners import Caller
 from controller.state.plan import JobPlan
 from controller.state.ports import MASTER
 from controller.state.published import publish
@@ -82,7 +83,9 @@ class Applier:
         self.settings = settings
         self._prefix = prefix
 
-    async def apply(self, job: str, spec: Any, timeout: float, dry_run: bool) -> ApplySummary:
+    async def apply(
+        self, job: str, spec: Any, timeout: float, dry_run: bool, caller: Caller | None = None
+    ) -> ApplySummary:
         """Give the live reservation ``job`` the configuration ``spec`` (arguments checked
         by the caller), touching only what changes; what changed (or would).
 
@@ -95,13 +98,41 @@ class Applier:
 
         Raises:
             UnknownReservation: no reservation named ``job``.
+            NotOwner: ``caller`` may not change it.
             ReservationError: it is not ready, or the change could not be placed.
             PlacementError: the configuration is invalid or does not fit the cluster.
         """
+        return await self._apply(job, lambda _: spec, timeout, dry_run, caller, "apply")
+
+    async def resize(
+        self,
+        job: str,
+        component: str,
+        placement: str | None,
+        node_group: str | list[str] | None,
+        timeout: float,
+        dry_run: bool,
+        caller: Caller | None = None,
+    ) -> ApplySummary:
+        """Apply ``job``'s configuration with one component placed anew: a new placement
+        string (``rollout`` from ``0-7`` to ``0-15``), other node groups (a move between
+        groups), or both; edited from the configuration current under the job's lock, so
+        a concurrent apply is never reverted. See :meth:`apply`."""
+        self._state.require(job)
+
+        def edit(current: Any) -> Any:
+            return with_component(current, component, placement, node_group)
+
+        return await self._apply(job, edit, timeout, dry_run, caller, "resize")
+
+    async def _apply(self, job, edit, timeout, dry_run, caller, what) -> ApplySummary:
         await self._checker.confirm([job])
         async with self._locks.job(job):
             started = time.monotonic()
             res = self._state.require(job)
+            if caller is not None:
+                caller.may(res, what)
+            spec = edit(res.spec)
             if res.spec == spec:
                 return ApplySummary(
                     job=job,
@@ -136,22 +167,6 @@ class Applier:
                 summary.slots_removed,
             )
             return summary
-
-    async def resize(
-        self,
-        job: str,
-        component: str,
-        placement: str | None,
-        node_group: str | list[str] | None,
-        timeout: float,
-        dry_run: bool,
-    ) -> ApplySummary:
-        """Apply ``job``'s configuration with one component placed anew: a new placement
-        string (``rollout`` from ``0-7`` to ``0-15``), other node groups (a move between
-        groups), or both. See :meth:`apply`."""
-        res = self._state.require(job)
-        spec = with_component(res.spec, component, placement, node_group)
-        return await self.apply(job, spec, timeout, dry_run)
 
     def _refuse_over_quota(self, res: ReservationRecord, slots: list) -> None:
         """An apply may not take a queued reservation's queue past its quota."""

@@ -17,7 +17,7 @@ from controller.runtime.liveness import Liveness
 from controller.runtime.repair import Repairer
 from controller.runtime.state import ReservationState
 from controller.state import requests
-from controller.state.owners import check_owner
+from controller.state.owners import Caller, check_owner
 from controller.state.requests import check_flag, check_job, check_timeout
 
 log = logging.getLogger("placectl.controller")
@@ -39,12 +39,16 @@ class ChangeCalls:
     def _status_bytes(self, res: Any) -> bytes:  # pragma: no cover - the facade's
         raise NotImplementedError
 
-    def _owns(self, job: str, token: str, force: bool, what: str) -> None:
-        """Refuse ``what`` on ``job`` by a caller without its owner's token, unless forced
-        (which is logged)."""
+    def _owns(self, job: str, token: str, force: bool, what: str) -> Caller:
+        """The caller of ``what`` on ``job``, refused at once when the record as it
+        stands is another's and ``force`` is not given. The operation checks again,
+        authoritatively, against the record it reads under the job's lock (and logs a
+        forced change there)."""
+        caller = Caller(requests.check_token(token), force)
         res = self._state.get(job)
-        if res is not None and check_owner(res, requests.check_token(token), force, what):
-            log.warning("%s of %r forced by a caller without its owner's token", what, job)
+        if res is not None:
+            check_owner(res, caller.token, force, what)
+        return caller
 
     async def apply(
         self,
@@ -60,11 +64,12 @@ class ChangeCalls:
         for what it keeps and what it raises)."""
         await self._ready()
         job = check_job(job)
-        self._owns(job, token, check_flag(force, "force"), "apply")
+        caller = self._owns(job, token, check_flag(force, "force"), "apply")
         spec = requests.coerce_spec(spec)
         timeout = check_timeout(timeout_s)
         check_flag(dry_run, "dry_run")
-        return msgspec.msgpack.encode(await self._applier.apply(job, spec, timeout, dry_run))
+        summary = await self._applier.apply(job, spec, timeout, dry_run, caller)
+        return msgspec.msgpack.encode(summary)
 
     async def resize(
         self,
@@ -80,11 +85,11 @@ class ChangeCalls:
         """:meth:`apply` with one component placed anew (see :meth:`Applier.resize`)."""
         await self._ready()
         job = check_job(job)
-        self._owns(job, token, check_flag(force, "force"), "resize")
+        caller = self._owns(job, token, check_flag(force, "force"), "resize")
         timeout = check_timeout(timeout_s)
         check_flag(dry_run, "dry_run")
         summary = await self._applier.resize(
-            job, component, placement, node_group, timeout, dry_run
+            job, component, placement, node_group, timeout, dry_run, caller
         )
         return msgspec.msgpack.encode(summary)
 
@@ -93,11 +98,11 @@ class ChangeCalls:
         policy; returns its status (still degraded, with the reason, if it could not).
         A node of the job whose raylet refuses connections is fenced first."""
         await self._ready()
-        self._owns(check_job(job), token, check_flag(force, "force"), "repair")
+        caller = self._owns(check_job(job), token, check_flag(force, "force"), "repair")
         res = self._state.get(job)
         if res is not None and res.settled:
             await self._liveness.check_now(res.node_ids())
-        await self._repairer.repair(job)
+        await self._repairer.repair(job, caller)
         return self._status_bytes(self._state.require(job))
 
     async def lease_ports(
@@ -115,9 +120,9 @@ class ChangeCalls:
         """Lease ``count`` ports on the node of ``component``'s ``rank`` (see
         :meth:`Leaser.lease_ports`)."""
         await self._ready()
-        self._owns(check_job(job), token, check_flag(force, "force"), "a port lease")
+        caller = self._owns(check_job(job), token, check_flag(force, "force"), "a port lease")
         return await self._leaser.lease_ports(
-            job, component, rank, count, consecutive, name, request_id
+            job, component, rank, count, consecutive, name, request_id, caller
         )
 
     async def release_ports(
@@ -125,8 +130,8 @@ class ChangeCalls:
     ) -> int:
         """End the leases holding any of ``ports``; returns how many."""
         await self._ready()
-        self._owns(check_job(job), token, check_flag(force, "force"), "a port release")
-        return await self._leaser.release_ports(job, ports)
+        caller = self._owns(check_job(job), token, check_flag(force, "force"), "a port release")
+        return await self._leaser.release_ports(job, ports, caller)
 
 
 __all__ = ["ChangeCalls"]

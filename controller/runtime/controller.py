@@ -16,13 +16,14 @@ operations it composes, each given what it uses:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from typing import Any
 
 import msgspec
 
-from controller.errors import PlacementError, ReservationError, TableUnreadable
+from controller.errors import NotOwner, PlacementError, ReservationError, TableUnreadable
 from controller.runtime.admission import Admitter
 from controller.runtime.applying import Applier
 from controller.runtime.change_calls import ChangeCalls
@@ -43,7 +44,7 @@ from controller.runtime.settings import Settings
 from controller.runtime.state import ReservationState
 from controller.runtime.store import Store
 from controller.state import requests
-from controller.state.owners import owner_hash, owns
+from controller.state.owners import Caller, owner_hash, owns
 from controller.state.queueing import Terms
 from controller.state.records import AUTO, GROUP_PREFIX, ReservationRecord
 from controller.state.requests import check_flag, check_job, check_policy, check_timeout
@@ -276,8 +277,7 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
         check_flag(replace, "replace")
         policy = check_policy(repair)
         queue, priority = requests.check_queue(queue), requests.check_priority(priority)
-        if replace:
-            self._owns(job, token, force, "replace")
+        caller = self._owns(job, token, force, "replace") if replace else None
         terms = Terms(
             queue=queue,
             priority=priority,
@@ -287,7 +287,7 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
             if preempt_grace_s
             else 0.0,
         )
-        res = await self._reserver.reserve(job, spec, timeout, replace, policy, terms)
+        res = await self._reserver.reserve(job, spec, timeout, replace, policy, terms, caller)
         return self._status_bytes(res)
 
     async def cancel(self, job: str) -> bool:
@@ -298,8 +298,8 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
     async def release(self, job: str, token: str = "", force: bool = False) -> bool:
         """Remove ``job``'s reservation; True if there was one (see :meth:`Reserver.release`)."""
         await self._ready()
-        self._owns(check_job(job), token, check_flag(force, "force"), "release")
-        return await self._reserver.release(job)
+        caller = self._owns(check_job(job), token, check_flag(force, "force"), "release")
+        return await self._reserver.release(job, caller)
 
     async def release_all(self, token: str = "", force: bool = False) -> list[str]:
         """Release every reservation the caller owns (every one with ``force``); returns
@@ -309,7 +309,12 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
         jobs = [j for j, r in self._state.records.items() if force or owns(r, token)]
         if force:
             log.warning("release of every reservation forced (%d)", len(jobs))
-        return [j for j in sorted(jobs) if await self._reserver.release(j)]
+        caller, released = Caller(requests.check_token(token), force), []
+        for job in sorted(jobs):
+            with contextlib.suppress(NotOwner):  # reserved anew by another client meanwhile
+                if await self._reserver.release(job, caller):
+                    released.append(job)
+        return released
 
     # ------------------------------------------------------------ reads
     def _status_bytes(self, res: ReservationRecord) -> bytes:

@@ -20,6 +20,7 @@ from controller.runtime.io import ClusterIO
 from controller.runtime.locks import JobLocks
 from controller.runtime.settings import Settings
 from controller.runtime.state import ReservationState
+from controller.state.owners import Caller
 from controller.state.plan import JobPlan
 from controller.state.ports import (
     MASTER,
@@ -159,6 +160,7 @@ class Leaser:
         consecutive: bool = True,
         name: str | None = None,
         request_id: str | None = None,
+        caller: Caller | None = None,
     ) -> list[int]:
         """Lease ``count`` ports on the node of ``component``'s ``rank``.
 
@@ -176,6 +178,8 @@ class Leaser:
         purpose = lease_purpose(name, request_id)
         async with self._locks.job(job):
             res = self._state.require(job)
+            if caller is not None:
+                caller.may(res, "a port lease")
             if not res.settled:
                 raise ReservationError(f"reservation {job!r} is {res.state}; ports need ready")
             plan = (await self._state.plan(job)).plan
@@ -201,7 +205,7 @@ class Leaser:
                 self.drop_holds(holds)
             return list(lease.ports)
 
-    async def release_ports(self, job: str, ports: list[int]) -> int:
+    async def release_ports(self, job: str, ports: list[int], caller: Caller | None = None) -> int:
         """End the leases holding any of ``ports`` (master ports stay); returns how many."""
         self._state.require(job)
         if not isinstance(ports, (list, tuple, set)) or not all(
@@ -210,6 +214,8 @@ class Leaser:
             raise PlacementError(f"ports {ports!r}: expected a list of ints")
         async with self._locks.job(job):
             res = self._state.require(job)
+            if caller is not None:
+                caller.may(res, "a port release")
             drop = set(ports)
             keep = [x for x in res.leases if x.purpose == MASTER or not drop & set(x.ports)]
             ended = len(res.leases) - len(keep)

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from controller.errors import ReservationTimeout
+from controller.errors import NotOwner, ReservationTimeout
 from controller.runtime import groups
 from controller.runtime.checks import Checker
 from controller.runtime.incarnation import Incarnation
@@ -29,6 +29,7 @@ from controller.runtime.nodes import ClusterNodes
 from controller.runtime.progress import Progress
 from controller.runtime.settings import Settings
 from controller.runtime.state import ReservationState
+from controller.state.owners import Caller
 from controller.state.published import publish
 from controller.state.records import DEGRADED, MANUAL, READY, ReservationRecord
 from controller.state.spares import choose_spare, segments_kept
@@ -69,13 +70,17 @@ class Repairer:
         self._making: dict[str, set[str]] = {}
 
     # ------------------------------------------------------------ entry points
-    async def repair(self, job: str) -> None:
+    async def repair(self, job: str, caller: Caller | None = None) -> None:
         """Replace the broken slots of a degraded reservation now, whatever its repair
         policy. A node Ray reports dead counts as broken even before the loop has
-        seen it."""
+        seen it.
+
+        Raises:
+            NotOwner: ``caller`` may not change it.
+        """
         self._state.require(job)
         await self._checker.confirm([job])
-        await self._run(job)
+        await self._run(job, caller)
 
     async def repair_until(self, job: str, deadline: float) -> ReservationRecord:
         """Repair ``job`` until it is ready (as Ray reports its nodes) or ``deadline``.
@@ -124,10 +129,12 @@ class Repairer:
             task.cancel()
 
     # ------------------------------------------------------------ one repair
-    async def _run(self, job: str) -> None:
+    async def _run(self, job: str, caller: Caller | None = None) -> None:
         try:
             async with self._locks.repairing(job):  # each sees what the last one took
                 res = self._state.get(job)
+                if res is not None and caller is not None:
+                    caller.may(res, "repair")
                 if res is None or res.state != DEGRADED:
                     return
                 holds: list = []
@@ -155,6 +162,8 @@ class Repairer:
             left = await groups.remove_verified(self._io, stale, self.settings.removal_timeout)
             if left:
                 log.warning("old groups of %r not removed yet: %s", job, sorted(left))
+        except NotOwner:
+            raise
         except Exception:
             log.exception("repairing %r failed; will try again", job)
             self._after[job] = time.monotonic() + self.settings.repair_retry

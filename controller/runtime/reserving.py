@@ -41,6 +41,7 @@ from controller.runtime.repair import Repairer
 from controller.runtime.settings import Settings
 from controller.runtime.state import ReservationState
 from controller.state.diff import describe_difference
+from controller.state.owners import Caller
 from controller.state.plan import JobPlan, plan_slots
 from controller.state.published import publish
 from controller.state.queueing import Terms
@@ -100,6 +101,7 @@ class Reserver:
         replace: bool,
         policy: str,
         terms: Terms = NO_TERMS,
+        caller: Caller | None = None,
     ) -> ReservationRecord:
         """Reserve ``spec`` for ``job`` (arguments checked by the caller); its record.
 
@@ -133,6 +135,8 @@ class Reserver:
                 if self._checker.truthful(existing).state == READY or policy != AUTO:
                     return existing
             else:
+                if existing is not None and existing.settled and replace and caller:
+                    caller.may(existing, "replace")
                 if existing is not None and existing.settled and not replace:
                     raise ReservationConflict(
                         f"job {job!r} is already reserved with a different configuration "
@@ -370,7 +374,7 @@ class Reserver:
         log.info("released %r", job)
         return True
 
-    async def release(self, job: str) -> bool:
+    async def release(self, job: str, caller: Caller | None = None) -> bool:
         """Remove ``job``'s groups and record; True if there was one. Idempotent. A
         ``reserve`` of the same job still in progress is cancelled first. Returns only
         once Ray reports every group gone."""
@@ -378,4 +382,6 @@ class Reserver:
         if task is not None:
             task.cancel()
         async with self._locks.job(job):
+            if caller is not None and (res := self._state.get(job)) is not None:
+                caller.may(res, "release")
             return await self.release_locked(job) or task is not None

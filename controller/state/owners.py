@@ -11,6 +11,9 @@ anyone who can run code in the cluster can read the table or kill the controller
 from __future__ import annotations
 
 import hashlib
+import logging
+
+import msgspec
 
 from controller.errors import NotOwner
 from controller.state.records import ReservationRecord
@@ -44,4 +47,30 @@ def check_owner(record: ReservationRecord, token: str, force: bool, what: str) -
     )
 
 
-__all__ = ["check_owner", "owner_hash", "owns"]
+class Caller(msgspec.Struct, frozen=True):
+    """Who asks for a change of a reservation. The operation checks it against the
+    record it reads under the job's lock, so the record it changes is the record whose
+    owner was checked (a check before the lock could pass on a job that did not exist
+    yet, then change the one another client reserved meanwhile).
+
+    Attributes:
+        token: the caller's token ("" for none).
+        force: change it even without the owner's token (logged).
+    """
+
+    token: str = ""
+    force: bool = False
+
+    def may(self, record: ReservationRecord, what: str) -> None:
+        """Allow ``what`` on ``record``.
+
+        Raises:
+            NotOwner: the caller does not hold the owner's token and did not force it.
+        """
+        if check_owner(record, self.token, self.force, what):
+            logging.getLogger("placectl.controller").warning(
+                "%s of %r forced by a caller without its owner's token", what, record.job
+            )
+
+
+__all__ = ["Caller", "check_owner", "owner_hash", "owns"]

@@ -9,7 +9,7 @@ import asyncio
 import msgspec
 import pytest
 
-from controller.errors import StaleChange
+from controller.errors import NotOwner, StaleChange
 from controller.state.records import ReservationRecord
 from controller.state.table import RECORD, key
 from tests.unit.fakes import cluster, controller, run, spec, stored, until
@@ -104,6 +104,46 @@ def test_a_commit_built_on_a_replaced_record_is_refused():
         with pytest.raises(StaleChange, match="'j' changed"):
             await ctl.state.commit(msgspec.structs.replace(old, reason="x"), base=old)
         assert stored(fake, "j") == ctl.state.get("j") != old
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_change_checked_before_the_job_existed_is_refused_on_the_one_reserved_meanwhile():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        fake.write_gate = gate = Gate("j")
+        mine = asyncio.create_task(ctl.reserve("j", spec("0-3"), token="alice"))
+        await until(gate.held.is_set)  # alice's reservation is being recorded: none yet
+        theirs = asyncio.create_task(ctl.apply("j", spec("0-7"), token="bob"))
+        await asyncio.sleep(0.05)  # bob's call gets as far as it can
+        gate.open()
+        await asyncio.wait_for(mine, 5)
+        with pytest.raises(NotOwner, match="apply of 'j' refused"):
+            await asyncio.wait_for(theirs, 5)
+        record = stored(fake, "j")
+        assert (record.epoch, record.spec.component("actor").placement) == (1, "0-3")
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_resize_edits_the_configuration_a_concurrent_apply_left():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        await ctl.reserve("j", spec("0-3", rollout="4-7"))
+        fake.write_gate = gate = Gate("j")
+        first = asyncio.create_task(ctl.apply("j", spec("0-1", rollout="4-7")))
+        await until(gate.held.is_set)  # the apply's intent is being written
+        second = asyncio.create_task(ctl.resize("j", "rollout", "4-5"))
+        await asyncio.sleep(0.05)
+        gate.open()
+        await asyncio.wait_for(first, 5)
+        await asyncio.wait_for(second, 5)
+        placed = {c.name: c.placement for c in stored(fake, "j").spec.components}
+        assert placed == {"actor": "0-1", "rollout": "4-5"}  # both changes, neither undone
         await ctl.stop()
 
     run(go())
