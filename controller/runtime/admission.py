@@ -24,11 +24,7 @@ import msgspec
 from controller.errors import PlacementError, ReservationTimeout
 from controller.planning.components import ComponentPlacement, choose_floating_nodes
 from controller.runtime import groups
-from controller.runtime.io import ClusterIO
-from controller.runtime.locks import JobLocks
-from controller.runtime.nodes import ClusterNodes
-from controller.runtime.progress import Progress
-from controller.runtime.state import ReservationState
+from controller.runtime.context import Context
 from controller.state import queueing
 from controller.state.plan import JobPlan, plan_slots
 from controller.state.records import QUEUED, ReservationRecord
@@ -41,43 +37,29 @@ class Admitter:
     """Admits queued reservations in order as the cluster frees up.
 
     Args:
+        ctx: the controller's shared parts (a preemption's grace is its settings').
         place: starts placing a queued reservation whose caller is not waiting (after a
             controller restart), given its job name.
         poke: wakes the controller's loop, which runs :meth:`tick`.
-        dead: whether this controller incarnation has ended (tests' crashes).
         release: releases a reservation (a preempted one, at its deadline).
-        grace: how long a preempted reservation keeps running before it is released.
-        locks: the job locks; a preemption is a change of the preempted job's record.
     """
 
     def __init__(
         self,
-        io: ClusterIO,
-        state: ReservationState,
-        nodes: ClusterNodes,
-        progress: Progress,
-        prefix: str,
+        ctx: Context,
         place: Callable[[str], Awaitable[None]],
-        poke: Callable[[], None] = lambda: None,
-        dead: Callable[[], bool] = lambda: False,
-        release: Callable[[str], Awaitable[bool]] | None = None,
-        grace: float = 60.0,
-        locks: JobLocks | None = None,
+        poke: Callable[[], None],
+        release: Callable[[str], Awaitable[bool]],
     ) -> None:
-        self._io = io
-        self._state = state
-        self._nodes = nodes
-        self._progress = progress
-        self._prefix = prefix
+        self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
+        self._progress = ctx.progress
+        self._prefix = ctx.prefix
+        self._tasks = ctx.tasks
+        self._incarnation = ctx.incarnation
         self._place = place
-        self._placing: set[asyncio.Task] = set()
-        self._releasing: set[str] = set()
         self._poke = poke
-        self._dead = dead
         self._release = release
-        self._grace = grace
-        self._locks = locks or JobLocks()
-        self._preempting: set[str] = set()
+        self._grace = ctx.settings.preempt_grace
         self._waiters: dict[str, asyncio.Event] = {}
         self._admitted: dict[str, dict[str, dict[str, float]]] = {}  # not yet placed
         self._plans: dict[tuple[str, str], tuple[object, dict]] = {}  # (job, uid) -> view, needs
@@ -113,8 +95,8 @@ class Admitter:
         changed or the recheck period passed."""
         now, queued = time.time(), False
         for res in list(self._state.records.values()):  # one pass per tick
-            if res.preempt_at and res.preempt_at <= now and self._release is not None:
-                self._spawn(self._release_preempted(res.job))
+            if res.preempt_at and res.preempt_at <= now:
+                self._tasks.start("release preempted", res.job, self._release_preempted(res.job))
             queued = queued or res.state == QUEUED
         if not queued:
             return
@@ -154,19 +136,13 @@ class Admitter:
             if waiter is not None:
                 waiter.set()
             else:
-                self._spawn(self._place(job))
+                self._tasks.start("place", job, self._place(job))
         for job, waiter in decision.preempt.items():
-            if job not in self._preempting:  # it waits for the job's lock: not here
-                self._preempting.add(job)
-                self._spawn(self._preempt(job, waiter))
+            # It waits for the job's lock in a task of its own, never in this pass.
+            self._tasks.start("preempt", job, self._preempt(job, waiter))
         for job, (pos, why) in decision.waiting.items():
             self._progress.say(job, f"queued: position {pos} of {len(records)}: {why}")
         return decision
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._placing.add(task)
-        task.add_done_callback(self._placing.discard)
 
     async def _preempt(self, job: str, waiter: str) -> None:
         """Give a preemptible reservation its deadline (written to the table, where its
@@ -186,21 +162,18 @@ class Admitter:
         except Exception as e:
             log.warning("preempting %r failed: %s; the next pass decides again", job, e)
         finally:
-            self._preempting.discard(job)
             self.wake()
 
     async def _release_preempted(self, job: str) -> None:
         res = self._state.get(job)
-        if res is None or not res.preempt_at or job in self._releasing:
+        if res is None or not res.preempt_at:
             return
-        self._releasing.add(job)
         try:
             await self._release(job)
             log.warning("released preempted reservation %r", job)
         except Exception as e:
             log.warning("releasing preempted %r failed: %s; retrying", job, e)
         finally:
-            self._releasing.discard(job)
             self.wake()
 
     def _holdings(self) -> list[queueing.Holding]:
@@ -287,7 +260,7 @@ class Admitter:
         except BaseException:
             current = self._state.get(record.job)
             mine = current is not None and current.state == QUEUED and current.uid == record.uid
-            if mine and not self._dead():  # a crashed controller's calls change nothing
+            if mine and not self._incarnation.dead:  # a crashed controller's calls change nothing
                 await asyncio.shield(self._state.forget(record.job))
             raise
 

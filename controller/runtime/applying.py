@@ -32,14 +32,8 @@ from controller.planning.components import ComponentPlacement, choose_floating_n
 from controller.planning.spec_edit import with_component
 from controller.runtime import groups
 from controller.runtime.checks import Checker
-from controller.runtime.incarnation import Incarnation
-from controller.runtime.io import ClusterIO
+from controller.runtime.context import Context
 from controller.runtime.leasing import Leaser
-from controller.runtime.locks import JobLocks
-from controller.runtime.nodes import ClusterNodes
-from controller.runtime.progress import Progress
-from controller.runtime.settings import Settings
-from controller.runtime.state import ReservationState
 from controller.state.change import ApplySummary, Change, bound_view, plan_slots_change
 from controller.state.owners import Caller
 from controller.state.plan import JobPlan
@@ -59,29 +53,14 @@ def _fits(free: dict[str, float], need: dict[str, float]) -> bool:
 class Applier:
     """``apply`` and ``resize``; see the module docstring."""
 
-    def __init__(
-        self,
-        io: ClusterIO,
-        state: ReservationState,
-        nodes: ClusterNodes,
-        locks: JobLocks,
-        checker: Checker,
-        leaser: Leaser,
-        progress: Progress,
-        incarnation: Incarnation,
-        settings: Settings,
-        prefix: str,
-    ) -> None:
-        self._io = io
-        self._state = state
-        self._nodes = nodes
-        self._locks = locks
+    def __init__(self, ctx: Context, checker: Checker, leaser: Leaser) -> None:
+        self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
         self._checker = checker
         self._leaser = leaser
-        self._progress = progress
-        self._incarnation = incarnation
-        self.settings = settings
-        self._prefix = prefix
+        self._progress = ctx.progress
+        self._incarnation = ctx.incarnation
+        self.settings = ctx.settings
+        self._prefix = ctx.prefix
 
     async def apply(
         self, job: str, spec: Any, timeout: float, dry_run: bool, caller: Caller | None = None

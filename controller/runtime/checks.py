@@ -14,10 +14,8 @@ import logging
 import msgspec
 
 from controller.runtime import groups
-from controller.runtime.io import ClusterIO, GroupInfo
-from controller.runtime.locks import JobLocks
-from controller.runtime.nodes import ClusterNodes
-from controller.runtime.state import ReservationState
+from controller.runtime.context import Context
+from controller.runtime.io import GroupInfo
 from controller.state.records import DEGRADED, MANUAL, READY, ReservationRecord, with_dead_nodes
 
 log = logging.getLogger("placectl.controller")
@@ -31,13 +29,8 @@ class Checker:
     loop instead of leaving it to the next period.
     """
 
-    def __init__(
-        self, io: ClusterIO, state: ReservationState, nodes: ClusterNodes, locks: JobLocks
-    ) -> None:
-        self._io = io
-        self._state = state
-        self._nodes = nodes
-        self._locks = locks
+    def __init__(self, ctx: Context) -> None:
+        self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
         self._recheck: set[str] = set()
         self._joined = False  # a node joined since the last take_joined()
         self._wakeup = asyncio.Event()

@@ -1,11 +1,13 @@
 """The placement controller: one named, detached Ray actor per cluster.
 
 The actor is a facade. What it knows lives in one owner; what it does is done by the
-operations it composes, each given what it uses:
+operations it composes, each given the shared parts (a ``Context``) and, by name, the
+other operations it uses:
 
 * ``state``: the mirror of the table, and the only way to change it (write ahead);
 * ``nodes``: the nodes as Ray last reported them, and the planner's view of them;
 * ``locks``: who may change a job when (the rules are written in ``locks``);
+* ``tasks``: every task run beside the calls, by name; ``stop()`` ends them all;
 * ``checker``: what Ray says about each reservation, ready or degraded;
 * ``leaser``: master ports and leased ports;
 * ``repairer``: replacing a lost node's slots;
@@ -28,14 +30,12 @@ from controller.runtime.admission import Admitter
 from controller.runtime.applying import Applier
 from controller.runtime.change_calls import ChangeCalls
 from controller.runtime.checks import Checker
+from controller.runtime.context import Context
 from controller.runtime.diagnostics import DiagnosticCalls
 from controller.runtime.incarnation import FAULT_STEPS, Incarnation, SimulatedCrash
 from controller.runtime.io import ClusterIO
 from controller.runtime.leasing import Leaser
 from controller.runtime.liveness import Liveness
-from controller.runtime.locks import JobLocks
-from controller.runtime.nodes import ClusterNodes
-from controller.runtime.progress import Progress
 from controller.runtime.queue_calls import QueueCalls
 from controller.runtime.reconcile import Reconciler
 from controller.runtime.repair import Repairer
@@ -129,37 +129,24 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
         self._prefix = prefix
         self._incarnation = Incarnation(exit_process=real)
         self._state = ReservationState(Store(io), io.metrics)
-        self._nodes = ClusterNodes()
-        self._locks = JobLocks()
-        self._progress = Progress()
-        self._checker = Checker(io, self._state, self._nodes, self._locks)
-        self._leaser = Leaser(io, self._state, self._locks, self.settings)
-        st, nd, lk, ck = self._state, self._nodes, self._locks, self._checker
-        ls, pg, inc, cfg = self._leaser, self._progress, self._incarnation, self.settings
-        self._repairer = Repairer(io, st, nd, lk, ck, ls, pg, inc, cfg, prefix)
-        rp = self._repairer
-        self._reserver = Reserver(io, st, nd, lk, ck, ls, rp, pg, inc, cfg, prefix)
+        ctx = Context(io, self._state, self.settings, prefix, self._incarnation)
+        self._nodes, self._locks, self._tasks = ctx.nodes, ctx.locks, ctx.tasks
+        self._progress = ctx.progress
+        self._checker = Checker(ctx)
+        self._leaser = Leaser(ctx)
+        self._repairer = Repairer(ctx, self._checker, self._leaser)
+        self._reserver = Reserver(ctx, self._checker, self._leaser, self._repairer)
         self._admitter = Admitter(
-            io,
-            st,
-            nd,
-            pg,
-            prefix,
-            self._reserver.place_admitted,
-            ck.wake,
-            lambda: inc.dead,
-            self._reserver.release,
-            cfg.preempt_grace,
-            lk,
+            ctx, self._reserver.place_admitted, self._checker.wake, self._reserver.release
         )
         self._reserver.admitter = self._admitter
-        self._applier = Applier(io, st, nd, lk, ck, ls, pg, inc, cfg, prefix)
-        self._reconciler = Reconciler(io, st, nd, lk, ck, self._reserver, rp, cfg, prefix)
-        self._liveness = Liveness(io, st, nd, cfg, self._fenced)
+        self._applier = Applier(ctx, self._checker, self._leaser)
+        self._reconciler = Reconciler(ctx, self._checker, self._reserver, self._repairer)
+        self._liveness = Liveness(ctx, self._fenced)
         self._refusal: str | None = None
         self._recovery_problem = ""
         self._recovered = asyncio.Event()
-        self._loop_task = asyncio.get_running_loop().create_task(self._run())
+        self._tasks.start("loop", name, self._run())
 
     # ------------------------------------------------------------ for tests, benchmarks
     @property
@@ -241,10 +228,7 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
     async def stop(self) -> None:
         """Stop the loop (tests: a controller object that is discarded)."""
         self._incarnation.dead = True
-        self._loop_task.cancel()
-        self._reserver.stop()
-        self._repairer.stop()
-        self._liveness.stop()
+        self._tasks.stop()
 
     def _fenced(self, node: str) -> None:
         """A node was fenced: its jobs are checked, and repaired, at once."""

@@ -16,10 +16,7 @@ import zlib
 import msgspec
 
 from controller.errors import PlacementError, ReservationError
-from controller.runtime.io import ClusterIO
-from controller.runtime.locks import JobLocks
-from controller.runtime.settings import Settings
-from controller.runtime.state import ReservationState
+from controller.runtime.context import Context
 from controller.state.owners import Caller
 from controller.state.plan import JobPlan
 from controller.state.ports import (
@@ -41,13 +38,9 @@ class Leaser:
     """Master ports and further leases (see the module docstring). It keeps to itself the
     ports of leases in progress; the leases themselves are in the records."""
 
-    def __init__(
-        self, io: ClusterIO, state: ReservationState, locks: JobLocks, settings: Settings
-    ) -> None:
-        self._io = io
-        self._state = state
-        self._locks = locks
-        self.settings = settings
+    def __init__(self, ctx: Context) -> None:
+        self._io, self._state, self._locks = ctx.io, ctx.state, ctx.locks
+        self.settings = ctx.settings
         self._tentative: dict[str, set[int]] = {}
 
     def _held(self, node_id: str) -> set[int]:

@@ -28,12 +28,10 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from controller.runtime.answers import OK, REFUSED
-from controller.runtime.io import ClusterIO
-from controller.runtime.nodes import ClusterNodes
-from controller.runtime.settings import Settings
-from controller.runtime.state import ReservationState
+from controller.runtime.context import Context
 
 log = logging.getLogger("placectl.controller")
 
@@ -45,32 +43,17 @@ class Liveness:
         on_fenced: called with each node fenced (the loop is woken to act on it).
     """
 
-    def __init__(
-        self,
-        io: ClusterIO,
-        state: ReservationState,
-        nodes: ClusterNodes,
-        settings: Settings,
-        on_fenced,
-    ) -> None:
-        self._io = io
-        self._state = state
-        self._nodes = nodes
-        self.settings = settings
+    def __init__(self, ctx: Context, on_fenced: Callable[[str], None]) -> None:
+        self._io, self._state, self._nodes = ctx.io, ctx.state, ctx.nodes
+        self.settings = ctx.settings
+        self._tasks = ctx.tasks
         self._on_fenced = on_fenced
         self._silent_since: dict[str, float] = {}  # node -> first unanswered check
         self._refused_at: dict[str, float] = {}  # node -> first refusal in a row
         self.fenced: dict[str, str] = {}  # node -> why (this incarnation)
-        self._fencing: dict[str, asyncio.Future] = {}  # node -> the fence in flight
-        self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._watch())
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        self._tasks.start("liveness", "watch", self._watch())
 
     async def _watch(self) -> None:
         while True:
@@ -148,10 +131,7 @@ class Liveness:
         the second times out (measured on Ray 2.60: dead after 10 s instead of 0.06 s)."""
         if node in self.fenced:
             return node
-        if node not in self._fencing:
-            self._fencing[node] = asyncio.ensure_future(self._fence_once(node, why))
-            self._fencing[node].add_done_callback(lambda _: self._fencing.pop(node, None))
-        return await asyncio.shield(self._fencing[node])
+        return await asyncio.shield(self._tasks.start("fence", node, self._fence_once(node, why)))
 
     async def _fence_once(self, node: str, why: str) -> str:
         info = self._nodes.info(node)

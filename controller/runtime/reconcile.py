@@ -14,7 +14,6 @@ which follow-ups are in flight).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
@@ -22,13 +21,10 @@ import msgspec
 
 from controller.runtime import groups
 from controller.runtime.checks import Checker
-from controller.runtime.io import REMOVED, ClusterIO, GroupInfo, NodeInfo
-from controller.runtime.locks import JobLocks
-from controller.runtime.nodes import ClusterNodes
+from controller.runtime.context import Context
+from controller.runtime.io import REMOVED, GroupInfo, NodeInfo
 from controller.runtime.repair import Repairer
 from controller.runtime.reserving import Reserver
-from controller.runtime.settings import Settings
-from controller.runtime.state import ReservationState
 from controller.runtime.store import Loaded
 from controller.state.records import AUTO, DEGRADED, PENDING, RELEASING
 
@@ -39,37 +35,18 @@ class Reconciler:
     """Brings the table in line with Ray: once at start, then at every tick."""
 
     def __init__(
-        self,
-        io: ClusterIO,
-        state: ReservationState,
-        nodes: ClusterNodes,
-        locks: JobLocks,
-        checker: Checker,
-        reserver: Reserver,
-        repairer: Repairer,
-        settings: Settings,
-        prefix: str,
+        self, ctx: Context, checker: Checker, reserver: Reserver, repairer: Repairer
     ) -> None:
-        self._io = io
-        self._state = state
-        self._nodes = nodes
-        self._locks = locks
+        self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
         self._checker = checker
         self._reserver = reserver
         self._repairer = repairer
-        self.settings = settings
-        self._prefix = prefix
+        self.settings = ctx.settings
+        self._prefix = ctx.prefix
+        self._tasks = ctx.tasks
         self._last_full = 0.0
         self._warmed: dict[str, float] = {}
-        self._background: set[asyncio.Task] = set()
-        self._finishing: set[str] = set()
-        self._sweeping = False  # an orphan removal runs in the background
         self.tick_stats: dict[str, float] = {}
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     # ------------------------------------------------------------ recovery
     async def recover(self) -> Loaded:
@@ -138,8 +115,6 @@ class Reconciler:
             await self._remove_orphans(await self._io.groups(sorted(orphans)))
         except Exception as e:
             log.info("removing orphans: %s", e)
-        finally:
-            self._sweeping = False
 
     # ------------------------------------------------------------ ticks
     async def tick(self, full: bool | None = None) -> None:
@@ -166,11 +141,10 @@ class Reconciler:
             table = await self._io.groups(None if full else ids)
             for job in sorted(jobs):
                 await self._checker.check(job, table)
-        if full and not self._sweeping:
+        if full and self._tasks.get("sweep", "orphans") is None:
             orphans = self._orphans(await self._io.groups() if not jobs else table)
             if orphans:
-                self._sweeping = True
-                self._spawn(self._sweep(orphans))
+                self._tasks.start("sweep", "orphans", self._sweep(orphans))
         self._follow_up(joined)
         self._warm_nodes()
         self.tick_stats = {
@@ -187,12 +161,11 @@ class Reconciler:
             if self._locks.busy(job) or self._reserver.in_progress(job):
                 continue
             if res.applying is not None:  # an apply that could not clear its intent
-                self._spawn(self._clear_intent(job))
+                self._tasks.start("clear intent", job, self._clear_intent(job))
             elif res.state == DEGRADED and res.repair == AUTO:
                 self._repairer.schedule(job)
-            elif res.state in (PENDING, RELEASING) and job not in self._finishing:
-                self._finishing.add(job)
-                self._spawn(self._finish_release(job))
+            elif res.state in (PENDING, RELEASING):
+                self._tasks.start("finish", job, self._finish_release(job))
 
     async def _clear_intent(self, job: str) -> None:
         async with self._locks.job(job):
@@ -212,8 +185,6 @@ class Reconciler:
                     await self._reserver.release_locked(job)
         except Exception as e:
             log.info("finishing the release of %r: %s", job, e)
-        finally:
-            self._finishing.discard(job)
 
     def _warm_nodes(self) -> None:
         # One idle worker per node answers that node's probes; starting it off the

@@ -21,14 +21,8 @@ import msgspec
 from controller.errors import NotOwner, ReservationTimeout
 from controller.runtime import groups
 from controller.runtime.checks import Checker
-from controller.runtime.incarnation import Incarnation
-from controller.runtime.io import ClusterIO
+from controller.runtime.context import Context
 from controller.runtime.leasing import Leaser
-from controller.runtime.locks import JobLocks
-from controller.runtime.nodes import ClusterNodes
-from controller.runtime.progress import Progress
-from controller.runtime.settings import Settings
-from controller.runtime.state import ReservationState
 from controller.state.owners import Caller
 from controller.state.published import publish
 from controller.state.records import DEGRADED, MANUAL, READY, ReservationRecord
@@ -40,30 +34,15 @@ log = logging.getLogger("placectl.controller")
 class Repairer:
     """Automatic repair of degraded reservations, and ``repair(job)`` on request."""
 
-    def __init__(
-        self,
-        io: ClusterIO,
-        state: ReservationState,
-        nodes: ClusterNodes,
-        locks: JobLocks,
-        checker: Checker,
-        leaser: Leaser,
-        progress: Progress,
-        incarnation: Incarnation,
-        settings: Settings,
-        prefix: str,
-    ) -> None:
-        self._io = io
-        self._state = state
-        self._nodes = nodes
-        self._locks = locks
+    def __init__(self, ctx: Context, checker: Checker, leaser: Leaser) -> None:
+        self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
         self._checker = checker
         self._leaser = leaser
-        self._progress = progress
-        self._incarnation = incarnation
-        self.settings = settings
-        self._prefix = prefix
-        self._tasks: dict[str, asyncio.Task] = {}
+        self._progress = ctx.progress
+        self._incarnation = ctx.incarnation
+        self.settings = ctx.settings
+        self._prefix = ctx.prefix
+        self._tasks = ctx.tasks
         self._after: dict[str, float] = {}  # job -> when it may be tried again
         # Names of replacement groups being made: not in the table until the new record
         # is written, and not orphans meanwhile (a restart removes them by prefix).
@@ -110,11 +89,8 @@ class Repairer:
 
     def schedule(self, job: str) -> None:
         """Repair ``job`` in the background, unless one runs or it waits to retry."""
-        if job in self._tasks or time.monotonic() < self._after.get(job, 0.0):
-            return
-        task = asyncio.get_running_loop().create_task(self._run(job))
-        self._tasks[job] = task
-        task.add_done_callback(lambda _: self._tasks.pop(job, None))
+        if time.monotonic() >= self._after.get(job, 0.0):
+            self._tasks.start("repair", job, self._run(job))
 
     def retry_now(self) -> None:
         """A node joined: a spare may have arrived, so nobody waits to retry."""
@@ -123,10 +99,6 @@ class Repairer:
     def making(self) -> set[str]:
         """The names of the groups repairs are making right now."""
         return {n for made in self._making.values() for n in made}
-
-    def stop(self) -> None:
-        for task in list(self._tasks.values()):
-            task.cancel()
 
     # ------------------------------------------------------------ one repair
     async def _run(self, job: str, caller: Caller | None = None) -> None:

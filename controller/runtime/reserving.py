@@ -31,15 +31,9 @@ from controller.planning.components import ComponentPlacement, choose_floating_n
 from controller.runtime import groups
 from controller.runtime.admission import Admitter
 from controller.runtime.checks import Checker
-from controller.runtime.incarnation import Incarnation
-from controller.runtime.io import ClusterIO
+from controller.runtime.context import Context
 from controller.runtime.leasing import Leaser
-from controller.runtime.locks import JobLocks
-from controller.runtime.nodes import ClusterNodes
-from controller.runtime.progress import Progress
 from controller.runtime.repair import Repairer
-from controller.runtime.settings import Settings
-from controller.runtime.state import ReservationState
 from controller.state.diff import describe_difference
 from controller.state.owners import Caller
 from controller.state.plan import JobPlan, plan_slots
@@ -55,42 +49,21 @@ NO_TERMS = Terms()
 class Reserver:
     """``reserve``, ``cancel``, ``release``; see the module docstring."""
 
-    def __init__(
-        self,
-        io: ClusterIO,
-        state: ReservationState,
-        nodes: ClusterNodes,
-        locks: JobLocks,
-        checker: Checker,
-        leaser: Leaser,
-        repairer: Repairer,
-        progress: Progress,
-        incarnation: Incarnation,
-        settings: Settings,
-        prefix: str,
-        admitter: Admitter | None = None,
-    ) -> None:
-        self._io = io
-        self._state = state
-        self._nodes = nodes
-        self._locks = locks
+    def __init__(self, ctx: Context, checker: Checker, leaser: Leaser, repairer: Repairer) -> None:
+        self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
         self._checker = checker
         self._leaser = leaser
         self._repairer = repairer
-        self._progress = progress
-        self._incarnation = incarnation
-        self.settings = settings
-        self._prefix = prefix
-        self._reserving: dict[str, asyncio.Task] = {}
-        self.admitter = admitter
+        self._progress = ctx.progress
+        self._incarnation = ctx.incarnation
+        self.settings = ctx.settings
+        self._prefix = ctx.prefix
+        self._tasks = ctx.tasks
+        self.admitter: Admitter | None = None  # the queue, once the facade has made it
         self.last_timings: dict[str, float] = {}
 
     def in_progress(self, job: str) -> bool:
-        return job in self._reserving
-
-    def stop(self) -> None:
-        for task in list(self._reserving.values()):
-            task.cancel()
+        return self._tasks.get("reserve", job) is not None
 
     # ------------------------------------------------------------ reserve
     async def reserve(
@@ -164,7 +137,7 @@ class Reserver:
         queued: ReservationRecord | None = None,
         terms: Terms = NO_TERMS,
     ) -> ReservationRecord:
-        self._reserving[job] = asyncio.current_task()
+        self._tasks.adopt("reserve", job)
         try:
             if queued is not None:
                 await self._queue().wait_turn(queued, started + timeout)
@@ -182,7 +155,7 @@ class Reserver:
                 f"reserve of {job!r} was cancelled; everything it had placed was removed"
             ) from None
         finally:
-            self._reserving.pop(job, None)
+            self._tasks.drop("reserve", job)
             self._progress.clear(job)
             if queued is not None and self.admitter is not None:
                 self.admitter.done(job)
@@ -207,7 +180,7 @@ class Reserver:
                 queued = self._state.get(job)
                 if queued is None or queued.state != QUEUED:
                     return
-                self._reserving[job] = asyncio.current_task()
+                self._tasks.adopt("reserve", job)
                 deadline = time.monotonic() + self.settings.admitted_place_timeout
                 try:
                     await self._create(job, queued.spec, deadline, queued.repair, queued)
@@ -218,7 +191,7 @@ class Reserver:
                         again = msgspec.structs.replace(now, reason=why)
                         await self._state.commit(again, base=now)
                 finally:
-                    self._reserving.pop(job, None)
+                    self._tasks.drop("reserve", job)
                     self._progress.clear(job)
         finally:
             if self.admitter is not None:
@@ -227,7 +200,7 @@ class Reserver:
     async def cancel(self, job: str) -> bool:
         """Cancel a ``reserve`` of ``job`` in progress (it rolls back); True if there was
         one. An existing reservation is not touched."""
-        task = self._reserving.get(job)
+        task = self._tasks.get("reserve", job)
         if task is None:
             return False
         task.cancel()
@@ -378,7 +351,7 @@ class Reserver:
         """Remove ``job``'s groups and record; True if there was one. Idempotent. A
         ``reserve`` of the same job still in progress is cancelled first. Returns only
         once Ray reports every group gone."""
-        task = self._reserving.get(job)
+        task = self._tasks.get("reserve", job)
         if task is not None:
             task.cancel()
         async with self._locks.job(job):

@@ -147,3 +147,25 @@ def test_a_resize_edits_the_configuration_a_concurrent_apply_left():
         await ctl.stop()
 
     run(go())
+
+
+def test_stop_ends_every_task_the_controller_started():
+    async def go():
+        fake = cluster(gpu_nodes=1)
+        ctl = await controller(fake)
+        await ctl.reserve("low", spec("0-3", num_nodes=2), 5, preemptible=True)
+        fake.write_gate = gate = Gate("low")
+        lease = asyncio.create_task(ctl.lease_ports("low", "actor", rank=1, name="nccl"))
+        await until(gate.held.is_set)  # the lease holds low's lock: a preemption waits
+        vip = asyncio.create_task(
+            ctl.reserve("vip", spec("0-3", num_nodes=2), 30, queue="q", priority=5)
+        )
+        await until(lambda: "preempted low" in (ctl._admitter.why("vip") or ("", ""))[1])
+        await asyncio.sleep(0)  # the preemption is started, and waits for low's lock
+        await ctl.stop()
+        ours = {asyncio.current_task(), lease}  # the test's own, not the controller's
+        await until(lambda: all(t.done() for t in asyncio.all_tasks() - ours))
+        assert vip.cancelled() or isinstance(vip.exception(), Exception)
+        lease.cancel()
+
+    run(go())

@@ -1,0 +1,51 @@
+"""What every operation of one controller shares, handed over as one object.
+
+The operations (reserve, apply, repair, the queue, the checks, leases, the loop, the
+raylet watch) each hold what they use of it; what one operation needs of another (the
+checker, the leaser, the repairer) is passed beside it, by name.
+"""
+
+from __future__ import annotations
+
+from controller.runtime.incarnation import Incarnation
+from controller.runtime.io import ClusterIO
+from controller.runtime.locks import JobLocks
+from controller.runtime.nodes import ClusterNodes
+from controller.runtime.progress import Progress
+from controller.runtime.settings import Settings
+from controller.runtime.state import ReservationState
+from controller.runtime.tasks import Tasks
+
+
+class Context:
+    """One controller's shared parts.
+
+    Attributes:
+        io: the cluster (Ray, or the fake one).
+        state: the state owner, the only way to change a record.
+        nodes: the nodes as Ray last reported them.
+        locks: who may change a job when.
+        tasks: every task the controller runs beside its calls; ``stop()`` ends them.
+        progress: what each job waits for, as its callers are told.
+        incarnation: this run of the controller (tests' crash points).
+        settings: timing and pacing.
+        prefix: the name prefix of this controller's placement groups.
+    """
+
+    def __init__(
+        self,
+        io: ClusterIO,
+        state: ReservationState,
+        settings: Settings,
+        prefix: str,
+        incarnation: Incarnation,
+    ) -> None:
+        self.io = io
+        self.state = state
+        self.settings = settings
+        self.prefix = prefix
+        self.incarnation = incarnation
+        self.nodes = ClusterNodes()
+        self.locks = JobLocks()
+        self.tasks = Tasks()
+        self.progress = Progress()
