@@ -58,11 +58,11 @@ def _check_env(env: dict[str, str] | None) -> dict[str, str]:
 
 def options_for(
     assignment: Assignment,
-    controller_name: str,
     env: dict[str, str] | None = None,
     actor_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``Actor.options`` for one rank: the assignment's, the user's env and options merged.
+    """``Actor.options`` for one rank: the assignment's own (:meth:`Assignment.actor_options`,
+    the one path from an assignment to Ray's options), the user's env and options merged.
 
     Raises:
         PlacementError: ``env`` sets a key placectl owns, or ``actor_options`` sets one of
@@ -79,11 +79,7 @@ def options_for(
     runtime_env = dict(extra.pop("runtime_env", None) or {})
     user_env = _check_env({**runtime_env.pop("env_vars", {}), **_check_env(env)})
     merged = {**runtime_env, **options["runtime_env"]}
-    merged["env_vars"] = {
-        **user_env,
-        **options["runtime_env"]["env_vars"],
-        "PLACECTL_CONTROLLER": controller_name,
-    }
+    merged["env_vars"] = {**user_env, **options["runtime_env"]["env_vars"]}
     options.update(extra)
     options["runtime_env"] = merged
     return options

@@ -107,7 +107,7 @@ class Reservation:
         for _ in range(5):
             block = self.controller.component(self.job, component)
             if block is not None and (block.uid, block.epoch) == (record.uid, record.epoch):
-                return block.assignments()
+                return self._stamped(block)
             time.sleep(0.05)  # the controller writes assignments just before the record
             self._refresh_record()
             record = self._record
@@ -115,7 +115,15 @@ class Reservation:
         block = _BLOCK.decode(self.controller.call("component", self.job, component))
         if (block.uid, block.epoch) != (record.uid, record.epoch):
             raise StaleReservation(f"reservation {self.job!r} changed while being read; retry")
-        return block.assignments()
+        return self._stamped(block)
+
+    def _stamped(self, block: ComponentBlock) -> list[Assignment]:
+        """The block's assignments, each one's environment naming the controller whose
+        table it came from: a process started from its assignment alone
+        (``Actor.options(**a.actor_options())``) reads itself back from that controller,
+        as one a worker group starts does."""
+        mine = {"PLACECTL_CONTROLLER": self.controller.name}
+        return [msgspec.structs.replace(a, env={**a.env, **mine}) for a in block.assignments()]
 
     def assignments(self, component: str, allow_degraded: bool = False) -> list[Assignment]:
         """Each rank's :class:`Assignment` for ``component``, in rank order, as of the

@@ -114,7 +114,7 @@ class WorkerGroup:
 
     @staticmethod
     def _start(reservation, component, actor_cls, a, args, kwargs, env, actor_options, detached):
-        options = options_for(a, reservation.controller.name, env, actor_options)
+        options = options_for(a, env, actor_options)
         if detached:
             options.update(
                 name=worker_name(reservation.job, component, a.placement.rank),

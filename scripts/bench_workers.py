@@ -113,7 +113,7 @@ def main() -> None:
     try:
         ctl = clients.connect()
         res = ctl.reserve("bench", LAYOUT, timeout_s=120, progress=lambda m: None)
-        options = [options_for(a, ctl.name) for a in res.assignments("actor")]
+        options = [options_for(a) for a in res.assignments("actor")]
         ours, theirs = [], []
         launch_by_hand(options)  # warm the worker pool for both sides
         for _ in range(args.repeat):

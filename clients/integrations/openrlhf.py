@@ -131,11 +131,10 @@ class ReservedActorGroup(RayActorGroup):
     def _initiate_actors(self, pg: Any, num_gpus_per_actor: float) -> None:
         addr, port = _master(self.component, self.assignments)
         world = len(self.assignments)
-        controller = self.reservation.controller.name
         self._actor_handlers = [
-            self.ray_actor_type.options(
-                **options_for(a, controller, self._env, self._extra)
-            ).remote(world, a.placement.rank, addr, port)
+            self.ray_actor_type.options(**options_for(a, self._env, self._extra)).remote(
+                world, a.placement.rank, addr, port
+            )
             for a in self.assignments
         ]
 
@@ -155,13 +154,10 @@ class _Engines:
     """Stands in for ``RolloutRayActor`` and ``get_bundle_indices`` while OpenRLHF's
     ``create_vllm_engines`` runs: engine ``i`` starts as assignment ``i`` says."""
 
-    def __init__(
-        self, engine_cls: Any, assignments: list[Assignment], tp: int, controller: str, env: Any
-    ) -> None:
+    def __init__(self, engine_cls: Any, assignments: list[Assignment], tp: int, env: Any) -> None:
         self.engine_cls = engine_cls
         self.assignments = assignments
         self.tp = tp
-        self.controller = controller
         self.env = env
         self.started: list[Any] = []
 
@@ -176,7 +172,7 @@ class _Engines:
         if self.tp > 1:
             kwargs["bundle_indices"] = list(a.bundle_indices)
             kwargs["num_gpus"] = a.child_share
-        options = options_for(a, self.controller, self.env)
+        options = options_for(a, self.env)
         engine = self.engine_cls.options(**options).remote(**kwargs)
         self.started.append(engine)
         return engine
@@ -228,13 +224,7 @@ def create_vllm_engines(
         )
     assignments = reservation.assignments(component)
     tp = engine_layout(component, assignments)
-    starter = _Engines(
-        engine_cls or vllm_engine.RolloutRayActor,
-        assignments,
-        tp,
-        reservation.controller.name,
-        env,
-    )
+    starter = _Engines(engine_cls or vllm_engine.RolloutRayActor, assignments, tp, env)
     with _SWAP:
         saved = vllm_engine.RolloutRayActor, vllm_engine.get_bundle_indices
         vllm_engine.RolloutRayActor = starter

@@ -187,13 +187,12 @@ class PlacectlWorkerGroup(RayWorkerGroup):
         self._world_size = len(assignments)
         first = assignments[0].env
         self._master_addr, self._master_port = first["MASTER_ADDR"], first.get("MASTER_PORT")
-        controller = resource_pool.reservation.controller.name
         cls_name = getattr(ray_cls_with_init.cls, "__ray_metadata__", None)
         cls_name = cls_name.class_name if cls_name is not None else "Worker"
         extra = dict(getattr(ray_cls_with_init, "_options", {}) or {})
         extra.pop("name", None)
         for a in assignments:
-            options = options_for(a, controller, dict(worker_env or {}), extra)
+            options = options_for(a, dict(worker_env or {}), extra)
             options["runtime_env"]["env_vars"].update(_verl_env(a, self.name_prefix))
             name = (
                 f"{self.name_prefix}{cls_name}_{a.placement.placement_node_rank}:"

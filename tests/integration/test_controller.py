@@ -389,3 +389,28 @@ def test_a_reservation_that_can_never_fit_is_refused_at_once(ctl):
     assert live_groups() == {}
     with pytest.raises(PlacementError, match="no reservation named 'too-big'"):
         ctl.record("too-big")
+
+
+@ray.remote(num_cpus=0)
+class _Reader:
+    def mine(self):
+        import os
+
+        a = clients.current(strict=True)  # read back from the table, as a worker does
+        return a.placement.component, a.placement.rank, os.environ["PLACECTL_CONTROLLER"]
+
+
+def test_a_process_started_from_its_assignment_alone_reads_itself_back(cluster):
+    """``Actor.options(**a.actor_options())``, the one path from an assignment to Ray's
+    options, names the controller the assignment came from, as a worker group does: a
+    second controller's worker finds its own table, not the default one's."""
+    second = clients.connect(name="placectl-second")
+    try:
+        res = second.reserve("bare", one_node("0-1"), timeout_s=60)
+        (a,) = res.assignments("actor")[1:]
+        reader = _Reader.options(**a.actor_options()).remote()
+        assert ray.get(reader.mine.remote(), timeout=60) == ("actor", 1, "placectl-second")
+        ray.kill(reader)
+    finally:
+        second.release_all()
+        second.stop()
