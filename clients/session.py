@@ -128,7 +128,7 @@ def connect(
 class RayTable:
     """What a driver reads from the GCS: a controller's table in the key-value store,
     and which nodes Ray reports dead. Unit tests give a :class:`Controller` another
-    object with these three methods (``controller.runtime.fake.DriverTable``).
+    object with these three methods (``clients.testing.fake_table.DriverTable``).
 
     While the GCS is away (the head restarting) every read waits for it, saying so on
     ``say`` (default stderr), up to :func:`controller.runtime.gcs_wait.bound_s`; then it

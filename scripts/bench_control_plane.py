@@ -29,8 +29,9 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from clients.testing.fake_table import DriverTable
 from controller.runtime.controller import PlacementController
-from controller.runtime.fake import DriverTable, FakeCluster, Latency
+from controller.runtime.fake import FakeCluster, Latency
 from controller.runtime.settings import Settings
 
 GPUS = 8

@@ -104,6 +104,7 @@ class FakeCluster:
         self.probe_delay = 0.0  # seconds a probe task takes
         self.store = "redis"  # where the GCS keeps its tables (gcs_store)
         self.fenced: dict[str, str] = {}  # node -> the reason placectl gave Ray
+        self.draining: dict[str, float] = {}  # node -> deadline (0: none); nothing new lands
         self._ids = itertools.count(1)
         self._making: set[asyncio.Task] = set()
         self._pending: set[str] = set()  # groups waiting for room, the only ones to retry
@@ -244,6 +245,10 @@ class FakeCluster:
             n for n in node_ids if n not in self.nodes_by_id or not self.nodes_by_id[n].info.alive
         }
 
+    async def draining_nodes(self) -> dict[str, float]:
+        self._cost("draining_nodes", self.latency.gcs_rtt)
+        return {n: d for n, d in self.draining.items() if self.nodes_by_id[n].info.alive}
+
     async def node_answers(self, addresses: dict[str, str], timeout: float) -> dict[str, str]:
         self._cost("node_answers", self.latency.gcs_rtt)
         nodes = self.nodes_by_id
@@ -288,7 +293,7 @@ class FakeCluster:
             if g.state != PENDING:
                 self._pending.discard(gid)
                 continue
-            if node is None or not node.info.alive:
+            if node is None or not node.info.alive or g.node_id in self.draining:
                 continue
             if not self._fits(node, g.bundles):
                 continue
@@ -380,20 +385,3 @@ class FakeCluster:
 
     def gcs_store(self) -> str:
         return self.store
-
-
-class DriverTable:
-    """The fake cluster as a driver reads it: ``clients.session.RayTable``'s interface."""
-
-    def __init__(self, fake: FakeCluster) -> None:
-        self.fake = fake
-
-    def get(self, k: bytes) -> bytes | None:
-        return self.fake.kv.get(k)
-
-    def keys(self, prefix: bytes) -> list[bytes]:
-        return [k for k in self.fake.kv if k.startswith(prefix)]
-
-    def dead_nodes(self, node_ids: list[str]) -> set[str]:
-        nodes = self.fake.nodes_by_id
-        return {n for n in node_ids if n not in nodes or not nodes[n].info.alive}

@@ -92,6 +92,11 @@ class ClusterIO(Protocol):
         round trip to the GCS, whatever the cluster's size (only these nodes are asked)."""
         ...
 
+    async def draining_nodes(self) -> dict[str, float]:
+        """The nodes Ray is draining (a spot notice, a pod deleted, an idle node given
+        back): node id -> the drain's deadline in wall-clock seconds (0: none given)."""
+        ...
+
     async def node_answers(self, addresses: dict[str, str], timeout: float) -> dict[str, str]:
         """Whether each node's raylet (``node id -> host:port``) answers a health check:
         ``ok``, ``refused`` or ``silent`` (:mod:`controller.runtime.answers`)."""

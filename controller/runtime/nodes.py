@@ -55,10 +55,12 @@ def live_view(
 
 
 class ClusterNodes:
-    """Which nodes are alive, what Ray says of each, and the live view per accelerator."""
+    """Which nodes are alive, what Ray says of each, which Ray is draining, and the live
+    view per accelerator: the nodes a plan or a spare may use (alive, not draining)."""
 
     def __init__(self) -> None:
         self._alive: set[str] = set()
+        self._draining: dict[str, float] = {}  # node -> deadline (0: none)
         self._info: dict[str, NodeInfo] = {}
         self._version = 0  # grows whenever _info changes
         self._node_views: dict[str, dict[str, tuple[NodeInfo, NodeView]]] = {}
@@ -70,6 +72,17 @@ class ClusterNodes:
     def __contains__(self, node_id: object) -> bool:
         """``node_id in nodes``: the node is alive."""
         return node_id in self._alive
+
+    @property
+    def draining(self) -> dict[str, float]:
+        """The nodes Ray is draining, as last read: node id -> deadline (0: none)."""
+        return dict(self._draining)
+
+    def set_draining(self, draining: dict[str, float]) -> None:
+        """Take Ray's draining nodes; the view leaves them out from now on."""
+        if draining != self._draining:
+            self._draining = dict(draining)
+            self._version += 1
 
     def alive_ids(self) -> set[str]:
         """A copy of the alive set."""
@@ -106,6 +119,7 @@ class ClusterNodes:
         if cached is not None and cached[0] == self._version:
             return cached[1]
         cache = self._node_views.setdefault(accelerator, {})
-        view = live_view(list(self._info.values()), accelerator, cache)
+        usable = [n for n in self._info.values() if n.node_id not in self._draining]
+        view = live_view(usable, accelerator, cache)
         self._views[accelerator] = (self._version, view)
         return view

@@ -170,6 +170,13 @@ class RayClusterIO:
         )
         return {n for n, up in zip(ids, alive, strict=True) if not up}
 
+    async def draining_nodes(self) -> dict[str, float]:
+        draining = await self._gcs_call(
+            "reading the draining nodes",
+            lambda t: asyncio.to_thread(self._gcs().get_draining_nodes, timeout=t),
+        )
+        return {n: ms / 1000.0 for n, ms in draining.items()}  # Ray: 0 for no deadline
+
     async def node_answers(self, addresses: dict[str, str], timeout: float) -> dict[str, str]:
         return await asyncio.to_thread(answers.answers, addresses, timeout)
 

@@ -26,7 +26,7 @@ from controller.runtime.io import REMOVED, GroupInfo, NodeInfo
 from controller.runtime.repair import Repairer
 from controller.runtime.reserving import Reserver
 from controller.runtime.store import Loaded
-from controller.state.records import AUTO, DEGRADED, PENDING, RELEASING
+from controller.state.records import AUTO, DEGRADED, PENDING, READY, RELEASING
 
 log = logging.getLogger("placectl.controller")
 
@@ -145,6 +145,10 @@ class Reconciler:
             orphans = self._orphans(await self._io.groups() if not jobs else table)
             if orphans:
                 self._tasks.start("sweep", "orphans", self._sweep(orphans))
+        try:
+            self._nodes.set_draining(await self._io.draining_nodes())
+        except Exception as e:  # the last answer stands; the next tick asks again
+            log.info("reading Ray's draining nodes: %s", e)
         self._follow_up(joined)
         self._warm_nodes()
         self.tick_stats = {
@@ -157,13 +161,18 @@ class Reconciler:
     def _follow_up(self, joined: bool) -> None:
         if joined:
             self._repairer.retry_now()  # a spare may have arrived: try at once
+        draining, now = set(self._nodes.draining), time.time()
         for job, res in list(self._state.records.items()):
             if self._locks.busy(job) or self._reserver.in_progress(job):
                 continue
+            if any(x.remove_at <= now or x.node_id not in self._nodes for x in res.leaving):
+                self._tasks.start("leave", job, self._repairer.drop_leaving(job))
             if res.applying is not None:  # an apply that could not clear its intent
                 self._tasks.start("clear intent", job, self._clear_intent(job))
             elif res.state == DEGRADED and res.repair == AUTO:
                 self._repairer.schedule(job)
+            elif res.state == READY and res.repair == AUTO and draining & res.node_ids():
+                self._repairer.schedule_move(job)  # make before break, ahead of the deadline
             elif res.state in (PENDING, RELEASING):
                 self._tasks.start("finish", job, self._finish_release(job))
 

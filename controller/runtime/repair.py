@@ -25,7 +25,7 @@ from controller.runtime.context import Context
 from controller.runtime.leasing import Leaser
 from controller.state.owners import Caller
 from controller.state.published import publish
-from controller.state.records import DEGRADED, MANUAL, READY, ReservationRecord
+from controller.state.records import DEGRADED, MANUAL, READY, LeavingGroup, ReservationRecord
 from controller.state.spares import choose_spare, segments_kept
 
 log = logging.getLogger("placectl.controller")
@@ -92,6 +92,81 @@ class Repairer:
         if time.monotonic() >= self._after.get(job, 0.0):
             self._tasks.start("repair", job, self._run(job))
 
+    def schedule_move(self, job: str) -> None:
+        """Move ``job``'s slots off draining nodes in the background (see :meth:`move`),
+        unless a move or repair of it runs or it waits to retry."""
+        if time.monotonic() >= self._after.get(job, 0.0):
+            self._tasks.start("move", job, self.move(job))
+
+    async def move(self, job: str) -> None:
+        """Move the slots of ``job`` on draining nodes to spares before the nodes go,
+        make before break: the replacement is placed, probed and published first (epoch
+        + 1, the reservation ``ready`` throughout), and each old group stays, leaving,
+        until its node's deadline (or ``drain_grace`` when the drain named none), so the
+        workers in it finish their step and move at a boundary of the job's choosing
+        (``WorkerGroup.sync()``). Without a spare the reason says so and the slot stays;
+        if the node then goes, the repair takes over as after any loss."""
+        try:
+            async with self._locks.repairing(job):
+                res, draining = self._state.get(job), self._nodes.draining
+                if res is None or res.state != READY or not res.node_ids() & set(draining):
+                    return
+                holds: list = []
+                try:
+                    new, why, stale = await self._replace_slots(res, holds, draining)
+                    if new is not None:
+                        now = time.time()
+                        leaving = [
+                            LeavingGroup(
+                                group_id=s.group_id,
+                                node_id=s.node_id,
+                                remove_at=draining[s.node_id] or now + self.settings.drain_grace,
+                            )
+                            for s in res.slots
+                            if s.node_id in draining and s.group_id
+                        ]
+                        new = msgspec.structs.replace(new, leaving=[*res.leaving, *leaving])
+                        plan = (await self._state.plan(job)).plan
+                        previous = await self._state.published(job)
+                        published = publish(new, plan, previous=previous)
+                        await self._state.commit(new, base=res, published=published)
+                        stale -= {x.group_id for x in leaving}
+                finally:
+                    self._leaser.drop_holds(holds)
+                    self._making.pop(job, None)
+                if new is None:
+                    self._after[job] = time.monotonic() + self.settings.repair_retry
+                    if why and why != res.reason:
+                        log.warning("reservation %r stays where it is: %s", job, why)
+                        await self._state.commit(msgspec.structs.replace(res, reason=why), base=res)
+                    return
+            log.warning("reservation %r moved off draining node(s) (epoch %d)", job, new.epoch)
+            await groups.remove_verified(self._io, stale, self.settings.removal_timeout)
+        except Exception:
+            log.exception("moving %r off draining nodes failed; will try again", job)
+            self._after[job] = time.monotonic() + self.settings.repair_retry
+
+    async def drop_leaving(self, job: str) -> None:
+        """Remove the leaving groups of ``job`` whose time came (their deadline passed,
+        or their node is gone), and forget them."""
+        async with self._locks.job(job):
+            res, now = self._state.get(job), time.time()
+            due = [
+                x
+                for x in (res.leaving if res is not None else [])
+                if x.remove_at <= now or x.node_id not in self._nodes
+            ]
+            if not due:
+                return
+            try:
+                left = await groups.remove_verified(
+                    self._io, {x.group_id for x in due}, self.settings.removal_timeout
+                )
+                keep = [x for x in res.leaving if x not in due or x.group_id in left]
+                await self._state.commit(msgspec.structs.replace(res, leaving=keep), base=res)
+            except Exception as e:
+                log.warning("removing the groups %r left on draining nodes: %s", job, e)
+
     def retry_now(self) -> None:
         """A node joined: a spare may have arrived, so nobody waits to retry."""
         self._after.clear()
@@ -148,18 +223,23 @@ class Repairer:
         ]
 
     async def _replace_slots(
-        self, res: ReservationRecord, holds: list
+        self, res: ReservationRecord, holds: list, draining: dict[str, float] | None = None
     ) -> tuple[ReservationRecord | None, str, set[str]]:
         """A new record with every broken slot replaced (epoch + 1, master ports
         re-leased where they lived), the reason when there is none, and the old group ids
-        to remove once the new record is written. ``res`` is never changed, and on
+        to remove once the new record is written. With ``draining`` (a move), the slots
+        on those nodes are replaced too, on other nodes. ``res`` is never changed, and on
         failure every group made for the attempt is removed. New master ports stay held
         in ``holds`` until the caller has written the record."""
         self._nodes.set_all(await self._io.nodes())
         table = await self._io.groups(sorted(res.group_ids()))
-        broken = sorted(groups.broken_slots(res, table, self._nodes))
+        found = groups.broken_slots(res, table, self._nodes)
+        moving = {i for i, s in enumerate(res.slots) if s.node_id in (draining or {})}
+        broken = sorted(set(found) | moving)
         if not broken:
-            await self._state.commit(msgspec.structs.replace(res, state=READY, reason=""), base=res)
+            if draining is None:
+                ready = msgspec.structs.replace(res, state=READY, reason="")
+                await self._state.commit(ready, base=res)
             return None, "", set()
         live = self._nodes.view(res.spec.accelerator)
         live_by_id = {n.node_id: n for n in live.nodes}
@@ -195,9 +275,10 @@ class Repairer:
                 first = res.slots[idxs[0]]
                 wants = ", ".join(f"{k} {v:g}" for k, v in sorted(need.items()))
                 where = "".join(f" {k.describe()}" for k in keep)
+                lost_how = "is on draining node" if idxs[0] in moving else "lost node"
                 return (
                     None,
-                    f"slot {idxs[0]} (node rank {node_rank}) lost node {first.node_ip} "
+                    f"slot {idxs[0]} (node rank {node_rank}) {lost_how} {first.node_ip} "
                     f"({first.node_id[:12]}); no spare node of the same kind with {wants} "
                     f"free{where}; waiting for one to join",
                     set(),

@@ -48,6 +48,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # A preemptible reservation taken back for one of higher priority keeps running this
     # long (its deadline, visible to its drivers and workers) before it is released.
     preempt_grace: float = 60.0
+    # A slot moved off a draining node keeps its old group (and the workers in it) until
+    # the drain's deadline, or this long after the move when the drain named none.
+    drain_grace: float = 60.0
 
 
 FAST = Settings(
@@ -60,6 +63,7 @@ FAST = Settings(
     port_check_timeout=0.2,
     admitted_place_timeout=2.0,
     preempt_grace=0.2,
+    drain_grace=0.5,
     liveness_period=0.005,
     liveness_timeout=0.01,
     refused_confirm=0.0,

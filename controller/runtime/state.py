@@ -253,12 +253,10 @@ class ReservationState:
         for node in new.node_ids() if new else ():
             self._by_node.setdefault(node, set()).add(job)
         for record, held in ((old, False), (new, True)):
-            for s in record.slots if record else ():
-                for mine, value in ((self._held_names, s.group_name), (self._held_ids, s.group_id)):
-                    if held:
-                        mine.add(value)
-                    else:
-                        mine.discard(value)
+            names = {s.group_name for s in record.slots} if record else set()
+            ids = record.group_ids() if record else set()  # leaving groups included
+            for mine, values in ((self._held_names, names), (self._held_ids, ids)):
+                (mine.update if held else mine.difference_update)(values)
 
     def _account(
         self, old: ReservationRecord | None, new: ReservationRecord | None, report: bool = True

@@ -95,6 +95,22 @@ class Applying(msgspec.Struct, frozen=True, kw_only=True):
     removed: list[str] = []
 
 
+class LeavingGroup(msgspec.Struct, frozen=True, kw_only=True):
+    """A group whose slot moved off a draining node, kept until the node goes so the
+    workers still running in it can finish their step and move at a boundary.
+
+    Attributes:
+        group_id: the placement group.
+        node_id: the draining node it is on.
+        remove_at: when placectl removes it (wall-clock seconds): the drain's deadline,
+            or a grace after the move when the drain named none.
+    """
+
+    group_id: str
+    node_id: str
+    remove_at: float
+
+
 class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
     """A job's reservation as persisted.
 
@@ -126,6 +142,8 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
             default).
         preempt_at: when it is being taken back, the wall-clock deadline at which it
             is released (0: it is not).
+        leaving: groups of slots moved off draining nodes, removed when their node goes
+            (no longer part of the reservation's slots; removed with it on release).
     """
 
     v: int = SCHEMA_VERSION
@@ -150,6 +168,7 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
     preemptible: bool = False
     preempt_grace: float = 0.0
     preempt_at: float = 0.0
+    leaving: list[LeavingGroup] = []
 
     def master_port(self, component: str) -> int | None:
         for lease in self.leases:
@@ -161,7 +180,8 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
         return sum(1 for s in self.slots for b in s.bundles if b.kind == ACCELERATOR)
 
     def group_ids(self) -> set[str]:
-        return {s.group_id for s in self.slots if s.group_id}
+        """The ids of its groups: its slots' and those still leaving draining nodes."""
+        return {s.group_id for s in self.slots if s.group_id} | {g.group_id for g in self.leaving}
 
     def node_ids(self) -> set[str]:
         return {s.node_id for s in self.slots}

@@ -39,6 +39,9 @@ class ReservationInfo(msgspec.Struct, frozen=True, kw_only=True):
     queued_at: float = 0.0
     preemptible: bool = False
     preempt_at: float = 0.0  # released at this wall-clock time (0: not being preempted)
+    # Draining nodes its slots moved off: node id -> when the old group there is removed
+    # (wall-clock); workers still running there should move before (WorkerGroup.sync()).
+    leaving: dict[str, float] = {}
 
     @property
     def preempting(self) -> bool:
@@ -73,6 +76,7 @@ def summarize(res: ReservationRecord) -> ReservationInfo:
         queued_at=res.queued_at,
         preemptible=res.preemptible,
         preempt_at=res.preempt_at,
+        leaving={x.node_id: x.remove_at for x in res.leaving},
         slots=[
             SlotInfo(
                 node_rank=s.node_rank,

@@ -120,3 +120,38 @@ def test_repair_relaunches_a_crashed_worker_in_its_own_bundle(ctl):
     assert group.repair(timeout=60) == []
     group.shutdown()
     ctl.release("crash")
+
+
+def drain(node_id: str, seconds: float) -> None:
+    """What a spot-notice handler or KubeRay does: Ray's own PREEMPTION drain, with a
+    deadline (the node is not told anything else, and is killed at the deadline)."""
+    from ray.core.generated.autoscaler_pb2 import DrainNodeReason
+
+    gcs = ray._private.worker.global_worker.gcs_client  # as `ray drain-node` does
+    deadline_ms = int((time.time() + seconds) * 1000)
+    reason = DrainNodeReason.DRAIN_NODE_REASON_PREEMPTION
+    accepted, why = gcs.drain_node(node_id, reason, "spot notice", deadline_ms)
+    assert accepted, why
+
+
+def test_a_draining_node_is_left_before_its_deadline_and_no_worker_dies(cluster, ctl):
+    res = ctl.reserve("drain", spec(), timeout_s=60)
+    group = clients.WorkerGroup.launch(res, "actor", Worker)
+    before = res.assignments("actor")
+    node = before[0].placement.node_id
+    leaving = [r for r, a in enumerate(before) if a.placement.node_id == node]
+    epoch = res.epoch
+    drain(node, seconds=120)
+    # Make before break: the reservation is ready at a new epoch, off the node, while
+    # every worker, those on the draining node included, still runs.
+    info = res.wait_ready(timeout=60, newer_than=epoch)
+    assert node not in {s.node_id for s in info.slots} and info.state == "ready"
+    assert group.dead_ranks() == []
+    moved = group.sync()  # the job moves its ranks at a step boundary of its choosing
+    assert moved.moved == leaving and moved.kept == [r for r in range(8) if r not in leaving]
+    check_group(res, group)  # each worker answers from its new place, per Ray
+    remove(cluster, node)  # the node goes at its deadline: nothing of the job was there
+    assert group.dead_ranks() == []
+    group.shutdown()
+    ctl.release("drain")
+    add_spare(cluster)

@@ -12,8 +12,8 @@ import pytest
 
 from clients.reservation import Reservation
 from clients.session import Controller
+from clients.testing.fake_table import DriverTable
 from controller.errors import ReservationDegraded, ReservationTimeout
-from controller.runtime.fake import DriverTable
 from controller.runtime.settings import FAST
 from tests.unit.fakes import cluster, controller, info, run, spec, stored, until
 

@@ -1,0 +1,73 @@
+"""Nodes Ray is draining (a spot notice, a pod deleted): their slots move to spares
+before the nodes go, make before break, on the fake cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from controller.runtime.io import CREATED, REMOVED
+from tests.unit.fakes import cluster, controller, info, published, run, spec, stored, until
+from tests.unit.test_writers import watch
+
+
+def test_a_draining_nodes_slot_moves_to_a_spare_and_its_old_group_waits_for_the_deadline():
+    async def go():
+        fake = cluster(gpu_nodes=3)  # two hold the job, one is spare
+        ctl = await controller(fake)
+        await ctl.reserve("j", spec("0-7", num_nodes=3))
+        before = stored(fake, "j")
+        node, old = before.slots[0].node_id, before.slots[0].group_id
+        written = watch(fake, "j")
+        fake.draining[node] = time.time() + 1.5  # a spot notice: the node goes in 1.5 s
+        moved = await until(lambda: (r := stored(fake, "j")).epoch == 2 and r)
+        assert node not in moved.node_ids() and moved.state == "ready"
+        assert [x.group_id for x in moved.leaving] == [old]
+        status = info(await ctl.status("j"))  # what drivers see: where, and until when
+        assert status.state == "ready" and status.leaving == {node: fake.draining[node]}
+        on = {a.placement.node_id for a in published(fake, "j").components["actor"]}
+        assert on == moved.node_ids() and node not in on
+        await ctl.reconciler.tick(full=True)  # an orphan sweep leaves the old group be
+        await asyncio.sleep(0.05)
+        assert fake.groups_by_id[old].state == CREATED  # its workers finish their step
+        await until(lambda: not stored(fake, "j").leaving, timeout=5)
+        assert fake.groups_by_id[old].state == REMOVED
+        assert time.time() >= fake.draining[node]  # not before the deadline
+        assert {r.state for r in written} == {"ready"}  # never degraded on the way
+        await ctl.stop()
+
+    run(go())
+
+
+def test_without_a_spare_the_slot_stays_and_says_why_until_one_joins():
+    async def go():
+        fake = cluster(gpu_nodes=2)
+        ctl = await controller(fake)
+        await ctl.reserve("j", spec("0-7", num_nodes=3))
+        node = stored(fake, "j").slots[1].node_id
+        fake.draining[node] = 0.0  # no deadline given
+        record = await until(lambda: "draining node" in (r := stored(fake, "j")).reason and r)
+        assert record.epoch == 1 and record.state == "ready" and "no spare" in record.reason
+        fake.add_node(num_gpus=4, num_cpus=4)
+        moved = await until(lambda: (r := stored(fake, "j")).epoch == 2 and r, timeout=5)
+        assert node not in moved.node_ids() and moved.reason == ""
+        (leaving,) = moved.leaving  # no deadline: kept for drain_grace after the move
+        assert 0 < leaving.remove_at - time.time() <= ctl.settings.drain_grace
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_release_removes_the_groups_still_leaving():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        await ctl.reserve("j", spec("0-7", num_nodes=3))
+        old = stored(fake, "j").slots[0]
+        fake.draining[old.node_id] = time.time() + 60
+        await until(lambda: stored(fake, "j").epoch == 2)
+        assert await ctl.release("j")
+        assert fake.groups_by_id[old.group_id].state == REMOVED
+        await ctl.stop()
+
+    run(go())
