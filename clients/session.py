@@ -21,7 +21,7 @@ from controller.errors import (
 )
 from controller.runtime import gcs_wait
 from controller.runtime.io import HEAD_RESOURCE
-from controller.runtime.ray_io import gcs_unavailable
+from controller.runtime.ray_gcs import gcs_unavailable
 from controller.state.published import ComponentBlock
 from controller.state.records import AUTO, ReservationRecord
 from controller.state.requests import check_job

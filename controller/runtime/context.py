@@ -7,6 +7,7 @@ checker, the leaser, the repairer) is passed beside it, by name.
 
 from __future__ import annotations
 
+from controller.runtime.demand import Demand
 from controller.runtime.incarnation import Incarnation
 from controller.runtime.io import ClusterIO
 from controller.runtime.locks import JobLocks
@@ -27,6 +28,7 @@ class Context:
         locks: who may change a job when.
         tasks: every task the controller runs beside its calls; ``stop()`` ends them.
         progress: what each job waits for, as its callers are told.
+        demand: what the controller asks the cluster's autoscaler for, by owner.
         incarnation: this run of the controller (tests' crash points).
         settings: timing and pacing.
         prefix: the name prefix of this controller's placement groups.
@@ -49,3 +51,5 @@ class Context:
         self.locks = JobLocks()
         self.tasks = Tasks()
         self.progress = Progress()
+        name = prefix.removeprefix("placectl:").rstrip(":")
+        self.demand = Demand(io, self.nodes, name, settings.demand_grace, settings.demand_free_wait)

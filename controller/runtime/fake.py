@@ -19,6 +19,7 @@ import itertools
 
 import msgspec
 
+from controller.runtime.fake_placement import FakeFault, FakeGroup, FakeNode, place, usable
 from controller.runtime.io import (
     CREATED,
     HEAD_RESOURCE,
@@ -31,30 +32,6 @@ from controller.runtime.io import (
     NodeInfo,
     NullMetrics,
 )
-
-
-class FakeFault(RuntimeError):
-    """An injected failure."""
-
-
-class _Node:
-    def __init__(self, info: NodeInfo, accelerator: str, device_ids: list[int]):
-        self.info = info
-        self.free = dict(info.resources)
-        self.devices = list(device_ids)  # physical ids, in Ray's slot order
-        self.used_devices: set[int] = set()
-        self.bound_ports: set[int] = set()
-        self.ephemeral = (32768, 60999)
-        self.answers = True
-        self.raylet = "ok"  # what its raylet answers a health check: ok, refused, silent
-
-
-class _Group:
-    def __init__(self, gid: str, name: str, bundles: list[dict[str, float]], node_id: str):
-        self.gid, self.name, self.bundles, self.node_id = gid, name, bundles, node_id
-        self.state = PENDING
-        self.devices: list[int | None] = [None] * len(bundles)
-        self.ready = asyncio.Event()
 
 
 class Latency:
@@ -88,8 +65,8 @@ class FakeCluster:
         self.latency = latency or Latency()
         self.metrics = NullMetrics()
         self.kv: dict[bytes, bytes] = {}
-        self.nodes_by_id: dict[str, _Node] = {}
-        self.groups_by_id: dict[str, _Group] = {}
+        self.nodes_by_id: dict[str, FakeNode] = {}
+        self.groups_by_id: dict[str, FakeGroup] = {}
         self.events: collections.deque[NodeEvent] = collections.deque()
         self.ray_seconds = 0.0
         self.calls: collections.Counter[str] = collections.Counter()
@@ -147,7 +124,7 @@ class FakeCluster:
             raylet=f"{ip or f'10.0.{n // 250}.{n % 250 + 1}'}:{40000 + n}",
         )
         devices = device_ids if device_ids is not None else list(range(num_gpus))
-        self.nodes_by_id[node_id] = _Node(info, self.accelerator, devices)
+        self.nodes_by_id[node_id] = FakeNode(info, self.accelerator, devices)
         self._event(NodeEvent(node_id, True))
         self._schedule()
         return node_id
@@ -268,7 +245,7 @@ class FakeCluster:
             if self.create_delay:
                 await asyncio.sleep(self.create_delay)
             gid = f"{next(self._ids):036x}"
-            self.groups_by_id[gid] = _Group(gid, name, [dict(b) for b in bundles], node_id)
+            self.groups_by_id[gid] = FakeGroup(gid, name, [dict(b) for b in bundles], node_id)
             self._on_node[node_id].add(gid)
             self._pending.add(gid)
             self._schedule()
@@ -279,25 +256,36 @@ class FakeCluster:
         task.add_done_callback(self._making.discard)
         return await asyncio.shield(task)
 
-    def _fits(self, node: _Node, bundles: list[dict[str, float]]) -> bool:
-        need: dict[str, float] = {}
-        for b in bundles:
-            for k, v in b.items():
-                need[k] = need.get(k, 0.0) + v
-        return all(node.free.get(k, 0.0) + 1e-9 >= v for k, v in need.items())
+    async def create_demand(self, name: str, group) -> str:
+        self._cost("create_group", self.latency.group_create)
+        gid = f"{next(self._ids):036x}"
+        self.groups_by_id[gid] = FakeGroup(gid, name, [dict(b) for b in group.bundles], "", group)
+        self._pending.add(gid)
+        self._schedule()
+        return gid
+
+    def pending_demand(self) -> list:
+        """The demand groups waiting for a node, as an autoscaler reads them."""
+        return [
+            g.demand
+            for g in self.groups_by_id.values()
+            if g.demand is not None and g.state == PENDING
+        ]
 
     def _schedule(self) -> None:
         for gid in sorted(self._pending):
             g = self.groups_by_id[gid]
-            node = self.nodes_by_id.get(g.node_id)
             if g.state != PENDING:
                 self._pending.discard(gid)
                 continue
-            if node is None or not node.info.alive or g.node_id in self.draining:
+            nodes = [n for n in self.nodes_by_id.values() if usable(n, g, self.draining)]
+            where = place(g, nodes)
+            if where is None:
                 continue
-            if not self._fits(node, g.bundles):
-                continue
+            g.on = where
             for i, b in enumerate(g.bundles):
+                node = self.nodes_by_id[where[i]]
+                self._on_node[where[i]].add(gid)
                 for k, v in b.items():
                     node.free[k] = node.free.get(k, 0.0) - v
                 if b.get(self.accelerator):
@@ -317,14 +305,15 @@ class FakeCluster:
             return False
         return g.state == CREATED
 
-    def _remove(self, g: _Group) -> None:
-        node = self.nodes_by_id.get(g.node_id)
-        if g.state == CREATED and node is not None:
-            for i, b in enumerate(g.bundles):
-                for k, v in b.items():
-                    node.free[k] = node.free.get(k, 0.0) + v
-                if g.devices[i] is not None:
-                    node.used_devices.discard(g.devices[i])
+    def _remove(self, g: FakeGroup) -> None:
+        for i, b in enumerate(g.bundles):
+            node = self.nodes_by_id.get(g.on[i])
+            if g.state != CREATED or node is None:
+                continue
+            for k, v in b.items():
+                node.free[k] = node.free.get(k, 0.0) + v
+            if g.devices[i] is not None:
+                node.used_devices.discard(g.devices[i])
         g.state = REMOVED
         g.ready.set()
         self._pending.discard(g.gid)
@@ -351,7 +340,7 @@ class FakeCluster:
                     group_id=gid,
                     name=g.name,
                     state=g.state,
-                    nodes=[g.node_id if placed else "" for _ in g.bundles],
+                    nodes=[n if placed else "" for n in g.on],
                 )
         return out
 

@@ -14,9 +14,11 @@ import msgspec
 from controller.errors import ReservationError, ReservationInfeasible, ReservationTimeout
 from controller.planning.cluster import ClusterView
 from controller.planning.node_groups import ACCELERATOR
+from controller.runtime.demand import Demand
 from controller.runtime.io import CREATED, REMOVED, ClusterIO, GroupInfo
 from controller.runtime.nodes import ClusterNodes
 from controller.state import fit
+from controller.state.demand import for_missing_nodes
 from controller.state.records import ReservationRecord, SlotRecord
 
 log = logging.getLogger("placectl.controller")
@@ -26,31 +28,52 @@ Say = Callable[[str], None]
 
 
 async def wait_for_nodes(
-    io: ClusterIO, nodes: ClusterNodes, job: str, spec, deadline: float, say: Say
+    io: ClusterIO,
+    nodes: ClusterNodes,
+    job: str,
+    spec,
+    deadline: float,
+    say: Say,
+    demand: Demand | None = None,
 ) -> ClusterView:
-    """The live cluster once it has the ``spec.num_nodes`` nodes a plan needs.
+    """The live cluster once it has the ``spec.num_nodes`` nodes a plan needs. While it
+    waits, what is missing is shown to the cluster's autoscaler as pending demand
+    (:mod:`controller.state.demand`), withdrawn before it returns or raises.
 
     Raises:
         ReservationTimeout: still too few at ``deadline``.
     """
+    key = f"nodes/{job}"
     last_log = 0.0
     view = nodes.view(spec.accelerator)
-    while view.num_nodes < spec.num_nodes:
-        nodes.set_all(await io.nodes())  # a join the loop has not seen
-        view = nodes.view(spec.accelerator)
-        if view.num_nodes >= spec.num_nodes:
-            break
-        message = f"waiting for nodes: {view.num_nodes} of {spec.num_nodes} alive"
-        say(message)
-        if time.monotonic() - last_log > PROGRESS_LOG_PERIOD_S:
-            log.info("%s: %s", job, message)
-            last_log = time.monotonic()
-        if time.monotonic() >= deadline:
-            raise ReservationTimeout(
-                f"reservation {job!r} timed out: the cluster has {view.num_nodes} alive "
-                f"nodes, the configuration needs num_nodes={spec.num_nodes}"
-            )
-        await asyncio.sleep(0.5)
+    try:
+        while view.num_nodes < spec.num_nodes:
+            if demand is not None:
+                await demand.settle(key)  # a node joined for it: the view below has it
+            nodes.set_all(await io.nodes())  # a join the loop has not seen
+            view = nodes.view(spec.accelerator)
+            if view.num_nodes >= spec.num_nodes:
+                break
+            message = f"waiting for nodes: {view.num_nodes} of {spec.num_nodes} alive"
+            if demand is not None:
+                await demand.want(key, for_missing_nodes(spec, view))
+                asked = demand.held(key)
+                if asked is not None:
+                    message += f"; asked the autoscaler for {asked.describe()}"
+            say(message)
+            if time.monotonic() - last_log > PROGRESS_LOG_PERIOD_S:
+                log.info("%s: %s", job, message)
+                last_log = time.monotonic()
+            if time.monotonic() >= deadline:
+                raise ReservationTimeout(
+                    f"reservation {job!r} timed out: the cluster has {view.num_nodes} alive "
+                    f"nodes, the configuration needs num_nodes={spec.num_nodes}"
+                    + ("; no autoscaler added the nodes asked for" if demand else "")
+                )
+            await asyncio.sleep(0.5)
+    finally:
+        if demand is not None and demand.held(key) is not None:
+            await asyncio.shield(demand.withdraw(key))
     return view
 
 

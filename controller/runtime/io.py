@@ -16,6 +16,8 @@ from typing import Protocol
 
 import msgspec
 
+from controller.state.demand import DemandGroup
+
 CREATED, PENDING, REMOVED, RESCHEDULING = "CREATED", "PENDING", "REMOVED", "RESCHEDULING"
 # The resource Ray gives the head node only; the controller asks for a sliver of it.
 HEAD_RESOURCE = "node:__internal_head__"
@@ -110,6 +112,11 @@ class ClusterIO(Protocol):
     async def create_group(self, name: str, bundles: list[dict[str, float]], node_id: str) -> str:
         """Create a detached group whose bundles are pinned to ``node_id``; its hex id.
         Returns at once; :meth:`wait_group` waits for it to be placed."""
+        ...
+
+    async def create_demand(self, name: str, group: DemandGroup) -> str:
+        """Create a group that states demand (:mod:`controller.runtime.demand`): not
+        detached, placed where its strategy and selector allow; its hex id."""
         ...
 
     async def wait_group(self, group_id: str, timeout: float) -> bool: ...

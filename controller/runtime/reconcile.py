@@ -44,6 +44,7 @@ class Reconciler:
         self.settings = ctx.settings
         self._prefix = ctx.prefix
         self._tasks = ctx.tasks
+        self._demand = ctx.demand
         self._last_full = 0.0
         self._warmed: dict[str, float] = {}
         self.tick_stats: dict[str, float] = {}
@@ -150,6 +151,7 @@ class Reconciler:
         except Exception as e:  # the last answer stands; the next tick asks again
             log.info("reading Ray's draining nodes: %s", e)
         self._follow_up(joined)
+        await self._prune_demand()
         self._warm_nodes()
         self.tick_stats = {
             "wall_s": time.perf_counter() - started,
@@ -175,6 +177,20 @@ class Reconciler:
                 self._repairer.schedule_move(job)  # make before break, ahead of the deadline
             elif res.state in (PENDING, RELEASING):
                 self._tasks.start("finish", job, self._finish_release(job))
+
+    async def _prune_demand(self) -> None:
+        """Withdraw what nobody asks for any more: wants of jobs gone, and spares of
+        reservations ready with nothing on a draining node (repaired meanwhile)."""
+        demand, draining = self._demand, set(self._nodes.draining)
+        await demand.keep_only(set(self._state.records) | self._tasks.keys("reserve"))
+        if any(k.startswith("spare/") for k in await demand.placed()):
+            self._repairer.retry_now()  # a node joined for a repair: it runs now
+        for key in list(demand.wants()):
+            kind, job = key.split("/", 1)
+            res = self._state.get(job)
+            settled = res is not None and res.state == READY and not res.node_ids() & draining
+            if kind == "spare" and settled and not self._locks.busy(job):
+                await demand.withdraw(key)
 
     async def _clear_intent(self, job: str) -> None:
         async with self._locks.job(job):

@@ -23,6 +23,7 @@ from controller.runtime import groups
 from controller.runtime.checks import Checker
 from controller.runtime.context import Context
 from controller.runtime.leasing import Leaser
+from controller.state.demand import Want, for_spare
 from controller.state.owners import Caller
 from controller.state.published import publish
 from controller.state.records import DEGRADED, MANUAL, READY, LeavingGroup, ReservationRecord
@@ -43,6 +44,7 @@ class Repairer:
         self.settings = ctx.settings
         self._prefix = ctx.prefix
         self._tasks = ctx.tasks
+        self._demand = ctx.demand
         self._after: dict[str, float] = {}  # job -> when it may be tried again
         # Names of replacement groups being made: not in the table until the new record
         # is written, and not orphans meanwhile (a restart removes them by prefix).
@@ -113,7 +115,9 @@ class Repairer:
                     return
                 holds: list = []
                 try:
-                    new, why, stale = await self._replace_slots(res, holds, draining)
+                    await self._demand.settle(f"spare/{job}")
+                    new, why, stale, want = await self._replace_slots(res, holds, draining)
+                    await self._demand.want(f"spare/{job}", want)
                     if new is not None:
                         now = time.time()
                         leaving = [
@@ -186,7 +190,9 @@ class Repairer:
                     return
                 holds: list = []
                 try:
-                    new, why, stale = await self._replace_slots(res, holds)
+                    await self._demand.settle(f"spare/{job}")
+                    new, why, stale, want = await self._replace_slots(res, holds)
+                    await self._demand.want(f"spare/{job}", want)
                     if new is not None:
                         plan = (await self._state.plan(job)).plan
                         previous = await self._state.published(job)
@@ -224,11 +230,12 @@ class Repairer:
 
     async def _replace_slots(
         self, res: ReservationRecord, holds: list, draining: dict[str, float] | None = None
-    ) -> tuple[ReservationRecord | None, str, set[str]]:
+    ) -> tuple[ReservationRecord | None, str, set[str], Want | None]:
         """A new record with every broken slot replaced (epoch + 1, master ports
-        re-leased where they lived), the reason when there is none, and the old group ids
-        to remove once the new record is written. With ``draining`` (a move), the slots
-        on those nodes are replaced too, on other nodes. ``res`` is never changed, and on
+        re-leased where they lived), the reason when there is none, the old group ids
+        to remove once the new record is written, and, when lost slots have no spare,
+        the nodes to ask the autoscaler for. With ``draining`` (a move), the slots on
+        those nodes are replaced too, on other nodes. ``res`` is never changed, and on
         failure every group made for the attempt is removed. New master ports stay held
         in ``holds`` until the caller has written the record."""
         self._nodes.set_all(await self._io.nodes())
@@ -240,7 +247,7 @@ class Repairer:
             if draining is None:
                 ready = msgspec.structs.replace(res, state=READY, reason="")
                 await self._state.commit(ready, base=res)
-            return None, "", set()
+            return None, "", set(), None
         live = self._nodes.view(res.spec.accelerator)
         live_by_id = {n.node_id: n for n in live.nodes}
         free = await self._io.free_resources()
@@ -256,6 +263,7 @@ class Repairer:
             else:
                 lost.setdefault(slot.node_rank, []).append(i)
         plan = (await self._state.plan(res.job)).plan if lost else None
+        why, short = "", []  # the first reason, and every lost node without a spare
         for node_rank, idxs in sorted(lost.items()):
             need: dict[str, float] = {}
             for i in idxs:
@@ -276,15 +284,20 @@ class Repairer:
                 wants = ", ".join(f"{k} {v:g}" for k, v in sorted(need.items()))
                 where = "".join(f" {k.describe()}" for k in keep)
                 lost_how = "is on draining node" if idxs[0] in moving else "lost node"
-                return (
-                    None,
+                why = why or (
                     f"slot {idxs[0]} (node rank {node_rank}) {lost_how} {first.node_ip} "
                     f"({first.node_id[:12]}); no spare node of the same kind with {wants} "
-                    f"free{where}; waiting for one to join",
-                    set(),
+                    f"free{where}; waiting for one to join"
                 )
+                short.append((res.nodes[node_rank], [res.slots[i] for i in idxs]))
+                continue
             taken.add(spare.node_id)
             parts.append((spare, idxs))
+        if short:
+            acc = res.spec.accelerator
+            wants = [for_spare(slots, node, live, acc) for node, slots in short]
+            want = Want(groups=[g for w in wants for g in w.groups], why=wants[0].why)
+            return None, f"{why}; asked the autoscaler for {want.describe()}", set(), want
         self._incarnation.crash_point("replace_after_plan")
         token = secrets.token_hex(3)
         fresh = [
@@ -302,6 +315,7 @@ class Repairer:
             )
             for k, (target, idxs) in enumerate(parts)
         ]
+        await self._demand.withdraw(f"spare/{res.job}")  # it must not take the spares
         created: dict[int, str] = {}
         deadline = time.monotonic() + self.settings.repair_timeout
         self._making[res.job] = {s.group_name for s in fresh}
@@ -351,7 +365,7 @@ class Repairer:
                 self._io, set(created.values()), self.settings.removal_timeout
             )
             if isinstance(e, Exception):
-                return None, f"replacing slots {broken} failed, will retry: {e}", set()
+                return None, f"replacing slots {broken} failed, will retry: {e}", set(), None
             raise
         log.warning("reservation %r: replaced slots %s (epoch %d)", res.job, broken, new.epoch)
-        return new, "", {res.slots[i].group_id for i in broken} - {""}
+        return new, "", {res.slots[i].group_id for i in broken} - {""}, None

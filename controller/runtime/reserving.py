@@ -59,6 +59,7 @@ class Reserver:
         self.settings = ctx.settings
         self._prefix = ctx.prefix
         self._tasks = ctx.tasks
+        self._demand = ctx.demand
         self.admitter: Admitter | None = None  # the queue, once the facade has made it
         self.last_timings: dict[str, float] = {}
 
@@ -219,7 +220,9 @@ class Reserver:
         entered = time.monotonic()
         before = self._state.get(job)  # none, or this job's queued record
         say = lambda m: self._progress.say(job, m)  # noqa: E731
-        view = await groups.wait_for_nodes(self._io, self._nodes, job, spec, deadline, say)
+        view = await groups.wait_for_nodes(
+            self._io, self._nodes, job, spec, deadline, say, self._demand
+        )
         floating_groups = [g for g in spec.node_groups if g.floating]
         floating = (
             choose_floating_nodes(spec, view, floating_groups, await self._io.free_resources())
@@ -343,6 +346,7 @@ class Reserver:
                 "them and drops the reservation once they are gone"
             )
         await self._state.forget(job)
+        await self._demand.withdraw_job(job)
         self._wake_admitter()
         log.info("released %r", job)
         return True

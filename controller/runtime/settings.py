@@ -51,6 +51,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # A slot moved off a draining node keeps its old group (and the workers in it) until
     # the drain's deadline, or this long after the move when the drain named none.
     drain_grace: float = 60.0
+    # A node that joined for a reservation's demand is the owner's to use for this long
+    # before the same owner asks the autoscaler again (controller.runtime.demand).
+    demand_grace: float = 10.0
+    # Once a demand is placed and removed, Ray reports its resources free a moment later;
+    # a spare is chosen only after that, waiting at most this long.
+    demand_free_wait: float = 5.0
 
 
 FAST = Settings(
@@ -64,6 +70,8 @@ FAST = Settings(
     admitted_place_timeout=2.0,
     preempt_grace=0.2,
     drain_grace=0.5,
+    demand_grace=0.05,
+    demand_free_wait=0.05,
     liveness_period=0.005,
     liveness_timeout=0.01,
     refused_confirm=0.0,

@@ -133,7 +133,7 @@ def test_the_bound_follows_placectl_then_ray(monkeypatch):
 
 def test_where_the_gcs_keeps_its_tables():
     pytest.importorskip("ray")
-    from controller.runtime.ray_io import gcs_store
+    from controller.runtime.ray_gcs import gcs_store
 
     assert gcs_store({}) == "memory"
     assert gcs_store({"RAY_REDIS_ADDRESS": "10.0.0.1:6379"}) == "redis"

@@ -1,0 +1,109 @@
+"""A cluster that grows and shrinks under the job: an autoscaler that adds 4-GPU nodes
+only for the demand Ray reports (what Ray's own autoscaler reads) and removes them once
+idle. Where each worker runs is read from Ray, never from placectl."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+
+import clients
+from clients.testing.autoscaler import LocalAutoscaler
+from tests.integration.conftest import live_groups, local_cluster, wait_for
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head without GPUs and no other node: GPU nodes come from the autoscaler."""
+    yield from local_cluster(gpu_nodes=0)
+
+
+def spec() -> dict:
+    return {"num_nodes": 3, "component_placement": {"actor": "0-7"}}
+
+
+class Worker:
+    def where(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+
+def demand_groups() -> dict:
+    return live_groups("placectl-demand:")
+
+
+def test_a_reservation_on_a_cluster_with_no_gpu_node_gets_its_nodes_and_gives_them_back(
+    cluster, ctl
+):
+    with LocalAutoscaler(cluster, idle_timeout_s=3) as scaler:
+        res = ctl.reserve("grow", spec(), timeout_s=120)
+        assert res.state == "ready"
+        launched = set(scaler.launched)
+        assert len(launched) == 2  # 8 GPUs on 4-GPU nodes: two, no more
+        group = clients.WorkerGroup.launch(res, "actor", Worker)
+        assert set(group.execute("where")) == launched  # per Ray: the nodes it added
+        assert demand_groups() == {}  # nothing asked for once placed
+        group.shutdown()
+        ctl.release("grow")
+        wait_for(lambda: set(scaler.terminated) == launched, timeout=60)
+    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    assert not launched & alive
+
+
+def test_a_plain_placement_group_gets_its_nodes_from_the_same_autoscaler(cluster):
+    """The baseline the reservation is measured against (scripts/bench/autoscaling.py)."""
+    with LocalAutoscaler(cluster, idle_timeout_s=3) as scaler:
+        pg = placement_group([{"GPU": 1, "CPU": 1}] * 8, strategy="PACK")
+        assert pg.wait(timeout_seconds=120)
+        assert len(scaler.launched) == 2
+        remove_placement_group(pg)
+        wait_for(lambda: len(scaler.terminated) == 2, timeout=60)
+
+
+def test_a_lost_node_without_a_spare_is_replaced_by_a_node_the_autoscaler_adds(cluster, ctl):
+    with LocalAutoscaler(cluster, idle_timeout_s=3) as scaler:
+        res = ctl.reserve("lose", spec(), timeout_s=120)
+        group = clients.WorkerGroup.launch(res, "actor", Worker)
+        first = set(scaler.launched)
+        lost = res.assignments("actor")[0].placement.node_id
+        doomed = [r for r, a in enumerate(res.assignments("actor")) if a.placement.node_id == lost]
+        scaler.launched[lost].crash()  # no spare: the slot waits for a new node
+        assert group.repair(timeout=120) == doomed
+        (new,) = set(scaler.launched) - first
+        where = group.execute("where")
+        assert {where[r] for r in doomed} == {new}  # per Ray: on the node it added
+        assert demand_groups() == {}
+        group.shutdown()
+        ctl.release("lose")
+        wait_for(lambda: not scaler.running(), timeout=60)
+
+
+def test_a_drained_node_without_a_spare_moves_to_a_new_node_before_its_deadline(cluster, ctl):
+    with LocalAutoscaler(cluster, idle_timeout_s=3) as scaler:
+        res = ctl.reserve("drain", spec(), timeout_s=120)
+        group = clients.WorkerGroup.launch(res, "actor", Worker)
+        first = set(scaler.launched)
+        node = res.assignments("actor")[0].placement.node_id
+        leaving = [r for r, a in enumerate(res.assignments("actor")) if a.placement.node_id == node]
+        epoch = res.epoch
+        deadline = time.time() + 90
+        gcs = ray._private.worker.global_worker.gcs_client  # as a spot-notice handler does
+        from ray.core.generated.autoscaler_pb2 import DrainNodeReason
+
+        reason = DrainNodeReason.DRAIN_NODE_REASON_PREEMPTION
+        accepted, why = gcs.drain_node(node, reason, "spot notice", int(deadline * 1000))
+        assert accepted, why
+        info = res.wait_ready(timeout=90, newer_than=epoch)
+        assert time.time() < deadline and info.state == "ready"
+        (new,) = set(scaler.launched) - first
+        assert group.dead_ranks() == []  # make before break: nothing died yet
+        moved = group.sync()
+        assert moved.moved == leaving
+        where = group.execute("where")
+        assert {where[r] for r in leaving} == {new}
+        scaler.launched[node].crash()  # the node goes at its deadline
+        assert group.dead_ranks() == []
+        group.shutdown()
+        ctl.release("drain")
