@@ -25,6 +25,7 @@ from controller.errors import PlacementError, ReservationTimeout
 from controller.planning.components import ComponentPlacement, choose_floating_nodes
 from controller.runtime import groups
 from controller.runtime.context import Context
+from controller.runtime.tasks import to_the_end
 from controller.state import queueing
 from controller.state.plan import JobPlan, plan_slots
 from controller.state.records import QUEUED, ReservationRecord
@@ -261,7 +262,7 @@ class Admitter:
             current = self._state.get(record.job)
             mine = current is not None and current.state == QUEUED and current.uid == record.uid
             if mine and not self._incarnation.dead:  # a crashed controller's calls change nothing
-                await asyncio.shield(self._state.forget(record.job))
+                await to_the_end(self._state.forget(record.job))
             raise
 
     async def _wait(self, record: ReservationRecord, deadline: float) -> None:

@@ -183,7 +183,7 @@ class FakeCluster:
 
     async def kv_delete(self, key: bytes) -> None:
         self._cost("kv_delete", self.latency.gcs_rtt)
-        await self._write()
+        await self._write(key)
         self.kv.pop(key, None)
 
     async def kv_keys(self, prefix: bytes) -> list[bytes]:

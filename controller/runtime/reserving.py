@@ -34,6 +34,7 @@ from controller.runtime.checks import Checker
 from controller.runtime.context import Context
 from controller.runtime.leasing import Leaser
 from controller.runtime.repair import Repairer
+from controller.runtime.tasks import to_the_end
 from controller.state.diff import describe_difference
 from controller.state.owners import Caller
 from controller.state.plan import JobPlan, plan_slots
@@ -300,7 +301,9 @@ class Reserver:
 
     async def _rollback(self, record, pending: ReservationRecord, created: dict) -> None:
         """Undo a reservation that did not complete (``record`` as far as it got,
-        ``pending`` as written). Shielded: a second cancel must not leave half behind."""
+        ``pending`` as written), to the end: the caller holds the job's lock, and no
+        cancel (a release and a cancel of the job at once send two) may release it while
+        the undo still writes."""
 
         async def undo() -> None:
             ids = set(created.values()) | record.group_ids()
@@ -316,7 +319,7 @@ class Reserver:
             await self._state.forget(record.job)
 
         try:
-            await asyncio.shield(undo())
+            await to_the_end(undo())
         except Exception:
             log.exception("rolling back %r failed; the reconcile loop finishes it", record.job)
 

@@ -16,6 +16,27 @@ from typing import Any
 Name = tuple[str, str]  # (kind, key)
 
 
+async def to_the_end(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run ``coro`` to its end even if the caller is cancelled meanwhile, once or many
+    times; the cancellation is raised after it ends. A rollback that holds a job's lock
+    must end before the lock is released: the next writer of the job would otherwise
+    find its write still under way (``asyncio.shield`` alone returns at the first
+    cancellation and leaves the work running unowned)."""
+    task = asyncio.ensure_future(coro)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():  # the work itself was cancelled (stop()): nothing to wait for
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
+
+
 class Tasks:
     """The controller's tasks by name (see the module docstring)."""
 

@@ -169,3 +169,32 @@ def test_stop_ends_every_task_the_controller_started():
         lease.cancel()
 
     run(go())
+
+
+def test_a_reserve_cancelled_twice_finishes_its_rollback_before_the_next_writer():
+    """A release and a cancel of one job at once cancel its reserve twice; the second
+    cancel used to end the reserve's call while its rollback was still writing, so the
+    release took the job's lock and collided with that write (StaleChange, seen from
+    four drivers racing in tests/integration/test_faults.py)."""
+
+    async def go():
+        fake = cluster(gpu_nodes=2)
+        ctl = await controller(fake)
+        fake.create_delay = 0.3  # the reserve is placing its groups
+        reserve = asyncio.create_task(ctl.reserve("j", spec("0-3", num_nodes=2), 5))
+        await until(lambda: (r := stored(fake, "j")) is not None and r.state == "pending")
+        fake.write_gate = gate = Gate("j")  # the rollback's write is held open
+        release = asyncio.create_task(ctl.release("j"))
+        await until(gate.held.is_set)
+        cancel = asyncio.create_task(ctl.cancel("j"))  # the second cancel, meanwhile
+        await asyncio.sleep(0.05)
+        gate.open()
+        assert await asyncio.wait_for(release, 5) is True  # no StaleChange
+        assert await asyncio.wait_for(cancel, 5) is True
+        with pytest.raises(Exception, match="cancelled"):
+            await reserve
+        assert stored(fake, "j") is None and ctl.state.get("j") is None
+        assert {g.state for g in fake.groups_by_id.values()} <= {"REMOVED"}
+        await ctl.stop()
+
+    run(go())
