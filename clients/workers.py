@@ -13,15 +13,14 @@ import ray
 
 from clients import verdict
 from clients.launching import (
-    WORKER_NAMESPACE,
     RankKwargs,
     actor_class,
     detached_worker,
-    options_for,
     rank_kwargs_for,
     wait_until_ready,
     worker_name,
 )
+from clients.roster import Launch, Roster
 from clients.sync import SyncResult, can_keep, plan_sync
 from controller import PlacementError
 from controller.state.assignments import Assignment
@@ -35,21 +34,14 @@ class WorkerGroup:
     reservation, so the next launch schedules at once.
     """
 
-    def __init__(
-        self,
-        reservation: Any,
-        component: str,
-        actors: list,
-        assignments: list[Assignment],
-        detached: bool = False,
-        launch: tuple | None = None,
-    ):
+    def __init__(self, reservation: Any, component: str, roster: Roster) -> None:
         self.reservation = reservation
         self.component = component
-        self._actors = list(actors)
-        self.detached = detached
-        self._assignments = list(assignments)  # as launched: repair() compares against it
-        self._launch = launch  # (actor class, args, kwargs, env, actor_options, rank kwargs)
+        self._roster = roster
+
+    @property
+    def detached(self) -> bool:
+        return self._roster.detached
 
     @classmethod
     def launch(
@@ -90,38 +82,13 @@ class WorkerGroup:
         """
         reservation.wait_ready(timeout, progress=progress)
         assignments = reservation.assignments(component)
-        actor_cls = actor_class(worker_cls)
-        per_rank = rank_kwargs_for(rank_kwargs, len(assignments))
-        actors = [
-            cls._start(
-                reservation,
-                component,
-                actor_cls,
-                a,
-                args,
-                {**kwargs, **extra},
-                env,
-                actor_options,
-                detached,
-            )
-            for a, extra in zip(assignments, per_rank, strict=True)
-        ]
-        launch = (actor_cls, args, kwargs, env, actor_options, rank_kwargs)
-        group = cls(reservation, component, actors, assignments, detached, launch)
+        rank_kwargs_for(rank_kwargs, len(assignments))  # checked before anything starts
+        launch = Launch(actor_class(worker_cls), args, kwargs, env, actor_options, rank_kwargs)
+        roster = Roster(reservation.job, component, [], [], detached, launch)
+        roster.relaunch(list(range(len(assignments))), assignments)
         if wait:
-            wait_until_ready(actors, f"{reservation.job}/{component}", timeout, progress)
-        return group
-
-    @staticmethod
-    def _start(reservation, component, actor_cls, a, args, kwargs, env, actor_options, detached):
-        options = options_for(a, env, actor_options)
-        if detached:
-            options.update(
-                name=worker_name(reservation.job, component, a.placement.rank),
-                namespace=WORKER_NAMESPACE,
-                lifetime="detached",
-            )
-        return actor_cls.options(**options).remote(*args, **kwargs)
+            wait_until_ready(roster.actors, f"{reservation.job}/{component}", timeout, progress)
+        return cls(reservation, component, roster)
 
     @classmethod
     def attach(
@@ -149,43 +116,46 @@ class WorkerGroup:
             PlacementError: a worker is missing and ``worker_cls`` was not given.
         """
         assignments = reservation.assignments(component, allow_degraded=True)
-        actors = []
+        actors, names = [], []
         for a in assignments:
-            name = worker_name(reservation.job, component, a.placement.rank)
-            try:
-                actors.append(detached_worker(name))
-            except PlacementError:
-                if worker_cls is None:
-                    raise
-                actors.append(None)
+            base = worker_name(reservation.job, component, a.placement.rank)
+            found = None
+            for name in (f"{base}@{a.epoch}", base):  # a replacement made before a move
+                with contextlib.suppress(PlacementError):
+                    found = (detached_worker(name), name)
+                    break
+            if found is None and worker_cls is None:
+                detached_worker(base)  # raises, naming the missing worker
+            actors.append(found[0] if found else None)
+            names.append(found[1] if found else None)
         launch = None
         if worker_cls is not None:
-            actor_cls = actor_class(worker_cls)
-            launch = (actor_cls, args, kwargs, env, actor_options, rank_kwargs)
-        return cls(reservation, component, actors, assignments, detached=True, launch=launch)
+            launch = Launch(actor_class(worker_cls), args, kwargs, env, actor_options, rank_kwargs)
+        roster = Roster(reservation.job, component, actors, assignments, True, launch, names)
+        return cls(reservation, component, roster)
 
     @property
     def actors(self) -> list:
         """Actor handles in rank order."""
-        return list(self._actors)
+        return list(self._roster.actors)
 
     @property
     def assignments(self) -> list[Assignment]:
         """The assignments the running workers were started with, in rank order."""
-        return list(self._assignments)
+        return list(self._roster.assignments)
 
     def __len__(self) -> int:
-        return len(self._actors)
+        return len(self._roster.actors)
 
     def execute_async(self, method: str, *args: Any, **kwargs: Any) -> list:
         """Call ``method`` on every rank; ObjectRefs in rank order."""
-        missing = [r for r, a in enumerate(self._actors) if a is None]
+        missing = [r for r, a in enumerate(self._roster.actors) if a is None]
         if missing:
             raise PlacementError(
                 f"{self.reservation.job}/{self.component}: ranks {missing} have no worker "
                 "(they were lost while no driver ran); repair() starts them"
             )
-        return [getattr(a, method).remote(*args, **kwargs) for a in self._actors]
+        return [getattr(a, method).remote(*args, **kwargs) for a in self._roster.actors]
 
     def execute(self, method: str, *args: Any, **kwargs: Any) -> list:
         """Call ``method`` on every rank and wait; results in rank order."""
@@ -193,55 +163,21 @@ class WorkerGroup:
 
     def execute_rank(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` on one rank and wait for its result."""
-        if not 0 <= rank < len(self._actors):
-            raise PlacementError(f"rank {rank}: out of range (0-{len(self._actors) - 1})")
-        return ray.get(getattr(self._actors[rank], method).remote(*args, **kwargs))
-
-    def _stop(self, ranks: list[int]) -> None:
-        """Kill ranks; a detached one's name is free again when this returns."""
-        for r in ranks:
-            with contextlib.suppress(Exception):  # most are already dead with their node
-                ray.kill(self._actors[r], no_restart=True)
-        if not self.detached:
-            return
-        deadline = time.monotonic() + 60
-        for r in ranks:
-            name = worker_name(self.reservation.job, self.component, r)
-            while time.monotonic() < deadline:
-                try:
-                    ray.get_actor(name, namespace=WORKER_NAMESPACE)
-                except ValueError:
-                    break
-                time.sleep(0.05)
-
-    def _relaunch(self, ranks: list[int], fresh: list[Assignment]) -> None:
-        """Start ``ranks`` anew in ``fresh`` (ranks past the group's end are added)."""
-        actor_cls, args, kwargs, env, actor_options, rank_kwargs = self._launch
-        per_rank = rank_kwargs_for(rank_kwargs, len(fresh))
-        self._stop([r for r in ranks if r < len(self._actors)])
-        self._actors += [None] * (len(fresh) - len(self._actors))
-        for r in ranks:
-            self._actors[r] = self._start(
-                self.reservation,
-                self.component,
-                actor_cls,
-                fresh[r],
-                args,
-                {**kwargs, **per_rank[r]},
-                env,
-                actor_options,
-                self.detached,
-            )
+        if not 0 <= rank < len(self._roster.actors):
+            raise PlacementError(f"rank {rank}: out of range (0-{len(self._roster.actors) - 1})")
+        return ray.get(getattr(self._roster.actors[rank], method).remote(*args, **kwargs))
 
     def dead_ranks(self) -> list[int]:
         """The ranks Ray reports dead now: their node is dead, or their actor is (a
         crash, an OOM kill), or they have no worker (attached while missing)."""
         nodes = self.reservation.controller.dead_nodes(
-            a.placement.node_id for a in self._assignments
+            a.placement.node_id for a in self._roster.assignments
         )
         return [
             r
-            for r, (a, actor) in enumerate(zip(self._assignments, self._actors, strict=True))
+            for r, (a, actor) in enumerate(
+                zip(self._roster.assignments, self._roster.actors, strict=True)
+            )
             if a.placement.node_id in nodes or actor is None or verdict.actor_dead(actor)
         ]
 
@@ -283,17 +219,13 @@ class WorkerGroup:
             PlacementError: the group was attached without its launch arguments (its
                 constructor is unknown), or its world size changed (use :meth:`sync`).
         """
-        if self._launch is None:
-            raise PlacementError(
-                "repair() needs the group's constructor arguments: launch it with "
-                "WorkerGroup.launch, or pass them to WorkerGroup.attach"
-            )
+        self._roster.require_launch("repair()")
         started = time.monotonic()
         res = self.reservation
         say = progress or (lambda m: print(f"placectl: {m}", file=sys.stderr, flush=True))
         verdict.judge(
-            self._actors,
-            [a.placement.node_id for a in self._assignments],
+            self._roster.actors,
+            [a.placement.node_id for a in self._roster.assignments],
             res,
             dead=lambda: set(self.dead_ranks()),
             within=min(hung_after or 10.0, timeout),
@@ -302,20 +234,19 @@ class WorkerGroup:
         )
         res.wait_ready(max(timeout - (time.monotonic() - started), 1.0), progress=progress)
         fresh = res.assignments(self.component)
-        if len(fresh) != len(self._assignments):
+        if len(fresh) != len(self._roster.assignments):
             raise PlacementError(
                 f"{res.job}/{self.component} has {len(fresh)} ranks now, the group "
-                f"{len(self._assignments)}: its configuration changed; sync() follows it"
+                f"{len(self._roster.assignments)}: its configuration changed; sync() follows it"
             )
-        pairs = enumerate(zip(self._assignments, fresh, strict=True))
+        pairs = enumerate(zip(self._roster.assignments, fresh, strict=True))
         moved = {r for r, (a, b) in pairs if not can_keep(a, b)}
         lost = sorted(moved | set(self.dead_ranks()))
-        self._relaunch(lost, fresh)
-        self._assignments = fresh
+        self._roster.relaunch(lost, fresh)
         if lost:
             label = f"{res.job}/{self.component}"
             remaining = max(timeout - (time.monotonic() - started), 1.0)
-            wait_until_ready([self._actors[r] for r in lost], label, remaining, progress)
+            wait_until_ready([self._roster.actors[r] for r in lost], label, remaining, progress)
         return lost
 
     def restart(self, ranks: Sequence[int], timeout: float = 120.0) -> list[int]:
@@ -323,19 +254,17 @@ class WorkerGroup:
         current assignments; for ranks the job knows are wedged (e.g. blocked in a
         collective with a peer that vanished). Returns the ranks restarted."""
         ranks = sorted(set(ranks))
-        bad = [r for r in ranks if not 0 <= r < len(self._actors)]
+        bad = [r for r in ranks if not 0 <= r < len(self._roster.actors)]
         if bad:
-            raise PlacementError(f"ranks {bad}: out of range (0-{len(self._actors) - 1})")
-        if self._launch is None:
-            raise PlacementError("restart() needs the group's constructor arguments")
+            raise PlacementError(f"ranks {bad}: out of range (0-{len(self._roster.actors) - 1})")
+        self._roster.require_launch("restart()")
         if not ranks:
             return []
         res = self.reservation
         res.wait_ready(timeout)
-        fresh = res.assignments(self.component)
-        self._relaunch(ranks, fresh)
-        self._assignments = fresh
-        wait_until_ready([self._actors[r] for r in ranks], f"{res.job}/{self.component}", timeout)
+        self._roster.relaunch(ranks, res.assignments(self.component))
+        label = f"{res.job}/{self.component}"
+        wait_until_ready([self._roster.actors[r] for r in ranks], label, timeout)
         return ranks
 
     def sync(self, restart: bool = False, timeout: float = 300.0) -> SyncResult:
@@ -360,7 +289,7 @@ class WorkerGroup:
         res = self.reservation
         res.wait_ready(timeout)
         fresh = res.assignments(self.component) if self.component in res.components else []
-        result = plan_sync(self.component, res.epoch, self._assignments, fresh)
+        result = plan_sync(self.component, res.epoch, self._roster.assignments, fresh)
         dead = set(self.dead_ranks()) & set(result.kept)
         if dead:  # kept in place, but its worker is gone: started again in its bundle
             result = msgspec.structs.replace(
@@ -377,19 +306,37 @@ class WorkerGroup:
                 restarted=True,
             )
         starting = sorted(result.moved + result.started)
-        if starting and self._launch is None:
-            raise PlacementError(
-                "sync() must start ranks and needs the group's constructor arguments: "
-                "launch the group with WorkerGroup.launch instead of attach"
-            )
-        self._stop(result.stopped)
-        self._actors = self._actors[: len(fresh)]
         if starting:
-            self._relaunch(starting, fresh)
+            self._roster.require_launch("sync() must start ranks and")
+        self._roster.shrink(len(fresh))
+        self._roster.relaunch(starting, fresh)
+        if starting:
             label = f"{res.job}/{self.component}"
-            wait_until_ready([self._actors[r] for r in starting], label, timeout)
-        self._assignments = fresh
+            wait_until_ready([self._roster.actors[r] for r in starting], label, timeout)
         return result
+
+    def prepare(self) -> list[int]:
+        """Start now, beside the running workers, the replacements of the ranks whose
+        bundle the reservation's current epoch moved, without waiting for them: make
+        before break for a drain, whose old bundles stay until the node's deadline. The
+        next :meth:`sync` swaps them in (a kill, not a start). Call it again at each step
+        boundary: replacements of an assignment that changed meanwhile are dropped.
+
+        Returns:
+            The ranks with a replacement started (empty when nothing moved).
+        """
+        res = self.reservation
+        if self.component not in res.components or res.refresh().state != "ready":
+            return []
+        fresh = res.assignments(self.component)
+        moved = plan_sync(self.component, res.epoch, self._roster.assignments, fresh).moved
+        if moved:
+            self._roster.require_launch("prepare()")
+        return self._roster.prepare(moved, fresh)
+
+    def prepared_ready(self) -> bool:
+        """Whether every replacement :meth:`prepare` started has finished starting."""
+        return self._roster.prepared_ready()
 
     def shutdown(self, cleanup: str | None = None, timeout: float = 30.0) -> None:
         """Kill every worker; the reservation stays.
@@ -398,10 +345,7 @@ class WorkerGroup:
             cleanup: a method to call on every worker first (e.g. to destroy a process
                 group or flush a checkpoint); the workers get ``timeout`` seconds for it.
         """
-        if cleanup is not None and self._actors:
-            refs = [getattr(a, cleanup).remote() for a in self._actors]
+        if cleanup is not None and self._roster.actors:
+            refs = [getattr(a, cleanup).remote() for a in self._roster.actors]
             ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        for actor in self._actors:
-            with contextlib.suppress(Exception):
-                ray.kill(actor, no_restart=True)
-        self._actors = []
+        self._roster.shrink(0, wait=False)

@@ -28,6 +28,14 @@ as real machines fail:
 * ``stall``: trainer rank 1's worker process stops (``SIGSTOP``) inside the step; the
   step misses the job's deadline, ``repair()`` finds the rank silent on a live node and
   replaces it.
+* ``drain``: trainer rank 0's node is given notice, as a spot-instance handler or
+  KubeRay gives it: Ray's PREEMPTION drain with a deadline ``--drain-notice`` seconds
+  away (30), and the node is killed at the deadline. The controller moves the node's
+  slot to the spare before then, keeping the old group running; at the next step
+  boundary the job moves its ranks there (``WorkerGroup.sync()``): no step is lost.
+* ``spot``: the node gets SIGTERM, as a pod deleted or evicted does; Ray drains it for
+  ``--drain-notice`` seconds and stops it once idle or at the deadline; the job moves as
+  for ``drain``.
 * ``driver``: the driver is killed while the step's updates are in flight; a new driver
   process attaches to the reservation and its detached workers and goes on from the last
   committed step.
@@ -68,9 +76,22 @@ from clients.testing import machines
 
 HERE = pathlib.Path(__file__).resolve().parent
 SPEC = HERE / "examples" / "grpo.yaml"
-KINDS = ("node", "crash", "hang", "raylet", "oom", "stall", "driver", "controller", "grow")
+KINDS = (
+    "node",
+    "crash",
+    "hang",
+    "raylet",
+    "oom",
+    "stall",
+    "drain",
+    "spot",
+    "driver",
+    "controller",
+    "grow",
+)
 GPU_NODES, GPUS = 5, 2
-NODE_FAULTS = ("node", "crash", "hang", "raylet")  # a node is lost: a spare joins after
+# A node is lost or goes: a spare joins after.
+NODE_FAULTS = ("node", "crash", "hang", "raylet", "drain", "spot")
 
 
 def parse_faults(text: str, steps: int) -> list[tuple[str, int]]:
@@ -94,9 +115,13 @@ def parse_faults(text: str, steps: int) -> list[tuple[str, int]]:
 class Cluster:
     """The embedded local cluster, or a running one (no node faults there)."""
 
-    def __init__(self, address: str | None, health_checks: dict | None = None) -> None:
+    def __init__(
+        self, address: str | None, health_checks: dict | None = None, notice: float = 30.0
+    ) -> None:
         import ray
 
+        self.notice = notice  # seconds between a drain's notice and the node's end
+        self.timers: list = []
         self.local = None
         if address is None:
             from ray.cluster_utils import Cluster as RayCluster
@@ -133,9 +158,33 @@ class Cluster:
             node = self._node(data["node"])
             self.hung.append((node, machines.hang(node)))
             return f"node {where} of trainer rank {data['rank']} hung (SIGSTOP)"
+        if kind == "drain":
+            node = self._node(data["node"])
+            deadline = time.time() + self.notice
+            machines.drain(data["node"], deadline, "spot notice")
+            self._at(deadline, lambda: machines.crash(self.local, node))
+            return (
+                f"node {where} of trainer rank {data['rank']} drained (spot notice): it "
+                f"goes in {self.notice:g}s"
+            )
+        if kind == "spot":
+            machines.evict(self.local, self._node(data["node"]), grace=self.notice)
+            return (
+                f"node {where} of trainer rank {data['rank']} got SIGTERM (its pod evicted): "
+                f"Ray drains it for {self.notice:g}s"
+            )
         sig = signal.SIGKILL if kind == "oom" else signal.SIGSTOP
         machines.signal_pid(data["pid"], sig)
         return f"trainer rank {data['rank']}'s worker (pid {data['pid']}) got {sig.name}"
+
+    def _at(self, when: float, action) -> None:
+        """Run ``action`` at wall-clock ``when`` (a node that goes at its deadline)."""
+        import threading
+
+        timer = threading.Timer(max(0.0, when - time.time()), action)
+        timer.daemon = True
+        timer.start()
+        self.timers.append(timer)
 
     def settle(self) -> list[str]:
         """Hung nodes that Ray now reports dead come back (``SIGCONT``) and are refused;
@@ -168,6 +217,8 @@ class Cluster:
     def close(self) -> None:
         import ray
 
+        for timer in self.timers:
+            timer.cancel()
         ray.shutdown()
         if self.local is not None:
             self.local.shutdown()
@@ -284,6 +335,12 @@ def main() -> int:
     ap.add_argument("--json", help="write every run's record to this file")
     ap.add_argument("--out", default=None, help="where checkpoints go (a shared path)")
     ap.add_argument(
+        "--drain-notice",
+        type=float,
+        default=30.0,
+        help="seconds between a drain's notice and the node's end (drain@N)",
+    )
+    ap.add_argument(
         "--tight-health-checks",
         action="store_true",
         help="the embedded cluster checks its nodes' health as the README recommends",
@@ -305,7 +362,9 @@ def main() -> int:
     if args.address:  # the drivers ship grpo/ to the cluster's workers
         os.environ["PLACECTL_TRAIN_SHIP_CODE"] = "1"
     cluster = Cluster(
-        args.address, machines.TIGHT_HEALTH_CHECKS if args.tight_health_checks else None
+        args.address,
+        machines.TIGHT_HEALTH_CHECKS if args.tight_health_checks else None,
+        args.drain_notice,
     )
     runs, ok = {}, True
     try:

@@ -82,6 +82,42 @@ def kill_raylet(node) -> int:
     return raylet.pid
 
 
+def drain(node_id: str, deadline: float, why: str = "spot notice") -> None:
+    """What a spot-notice handler or KubeRay does: Ray's PREEMPTION drain of the
+    node, ending at wall-clock ``deadline``. The node is not told anything else."""
+    import ray
+    from ray.core.generated.autoscaler_pb2 import DrainNodeReason
+
+    gcs = ray._private.worker.global_worker.gcs_client  # as `ray drain-node` does
+    reason = DrainNodeReason.DRAIN_NODE_REASON_PREEMPTION
+    accepted, refusal = gcs.drain_node(node_id, reason, why, int(deadline * 1000))
+    if not accepted:
+        raise RuntimeError(f"Ray refused to drain node {node_id[:12]}: {refusal}")
+
+
+def evict(cluster, node, grace: float = 30.0) -> None:
+    """What a pod deleted or evicted gets: SIGTERM to its first process, ``ray start
+    --block``, on which Ray 2.60 drains the node (PREEMPTION, a deadline ``grace``
+    seconds away, ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S``), waits until its raylet has
+    exited (it does once the node is draining and idle) or the deadline, then stops the
+    node's processes. The nodes of a ``ray.cluster_utils.Cluster`` are run by this
+    process, not by a ``ray start`` of their own, so the same sequence runs here, in the
+    background; :class:`clients.testing.autoscaler.ProcessNode` gets the real signal."""
+    import threading
+
+    deadline = time.time() + grace
+    drain(node.node_id, deadline, "Node received SIGTERM; draining before shutdown.")
+
+    def finish() -> None:
+        raylet = _raylet(node)
+        while time.time() < deadline and raylet.poll() is None:
+            time.sleep(0.2)
+        with contextlib.suppress(Exception):
+            cluster.remove_node(node, allow_graceful=False)
+
+    threading.Thread(target=finish, name="evicted-node", daemon=True).start()
+
+
 def alive(pids) -> list[int]:
     """Those of ``pids`` that still run (a zombie does not)."""
     out = []

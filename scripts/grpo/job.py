@@ -38,8 +38,10 @@ from grpo.config import TrainConfig
 # (ranks 0-3 on GPUs 0, 2, 4, 6), the new ones take the others (explicit process ranks,
 # written in resource order).
 GROW = "0:0,1:4,2:1,3:5,4:2,5:6,6:3,7:7"
-# Faults of a machine or a process, injected by train.py in the middle of a step.
-MACHINE_FAULTS = ("node", "crash", "raylet", "hang", "oom", "stall")
+# Faults of a machine or a process, injected by train.py in the middle of a step; a drain
+# (a spot notice with a deadline) and a spot reclaim (SIGTERM to the node) announce the
+# node's end instead of failing it.
+MACHINE_FAULTS = ("node", "crash", "raylet", "hang", "oom", "stall", "drain", "spot")
 MAX_ATTEMPTS = 4  # recoveries of one step before the error is someone else's to read
 # The job's own verdict on a step that does not finish: a worker hung inside it (stopped,
 # a wedged kernel) fails nothing, so only a deadline notices. Five times the slowest step
@@ -51,6 +53,9 @@ HUNG_AFTER_S = 5.0
 # is blocked in a collective with a peer that vanished without closing its connections
 # (a hung or unplugged machine): gloo would wait out its timeout; it is restarted instead.
 COLLECTIVE_GRACE_S = 3.0
+# A drain's moved ranks are swapped in once their replacements are up, or when the
+# node's deadline is this close, whichever comes first.
+DRAIN_MARGIN_S = 10.0
 
 
 class StepTimeout(Exception):
@@ -121,6 +126,8 @@ class Job:
         self.pool = concurrent.futures.ThreadPoolExecutor(4)
         self.slowest = 0.0  # the slowest step this driver has seen, in seconds
         self.updates: list = []  # the trainer ranks' calls of the step in progress
+        self.followed = 0  # the epoch whose moves the workers have followed
+        self.preparing = 0  # the epoch whose moved ranks' replacements are starting
 
     # ------------------------------------------------------------ bring-up
     def _classes(self) -> dict[str, tuple]:
@@ -203,6 +210,7 @@ class Job:
                     self._recover(step, e)
 
     def _before(self, step: int) -> None:
+        self._follow_moves(step)
         if ("controller", step) in self.pending:
             self.pending.discard(("controller", step))
             fault("controller", step)  # training goes on while it restarts
@@ -210,6 +218,49 @@ class Job:
             self.pending.discard(("grow", step))
             fault("grow", step)  # recorded like a fault: the decision is taken now
             self._grow(step)
+
+    def _follow_moves(self, step: int) -> None:
+        """At a step boundary: if the reservation moved slots off nodes that are going
+        (a drain: the old groups stay until the node's deadline, their workers running),
+        start the moved ranks' replacements beside them and go on training; at the first
+        boundary where every replacement is up (or the deadline is near), swap them in.
+        No step is lost, and the step that swaps pays a kill and a rejoin, not a start."""
+        info = self.res.refresh()
+        if not info.leaving or info.epoch <= self.followed:
+            return
+        if self.preparing != info.epoch:
+            self.preparing, started = info.epoch, time.time()
+            ranks = self._each(lambda n: self.groups[n].prepare(), list(self.groups))
+            send(
+                "event",
+                kind="preparing",
+                step=step,
+                ranks={n: r for n, r in ranks.items() if r},
+                epoch=info.epoch,
+                leaving=sorted(n[:12] for n in info.leaving),
+                seconds=time.time() - started,
+            )
+        near = min(info.leaving.values()) - time.time() < DRAIN_MARGIN_S
+        if not near and not all(g.prepared_ready() for g in self.groups.values()):
+            return  # they are still starting: one more step where the workers are
+        started = time.time()
+        moved = self._each(lambda n: self.groups[n].sync().moved, list(self.groups))
+        swapped = time.time()
+        if moved["actor"]:
+            self._rejoin()  # a new rank, or a new master: the group forms again
+        elif any(moved.values()):
+            self._publish_weights()
+        self.followed = info.epoch
+        send(
+            "event",
+            kind="moved",
+            step=step,
+            at=time.time(),
+            moved={n: r for n, r in moved.items() if r},
+            epoch=info.epoch,
+            seconds=time.time() - started,
+            parts={"swap": swapped - started, "rejoin": time.time() - swapped},
+        )
 
     def _deadline(self) -> float:
         return max(STEP_TIMEOUT_MIN_S, 5 * self.slowest) if self.slowest else FIRST_STEP_TIMEOUT_S
@@ -262,8 +313,8 @@ class Job:
     # ------------------------------------------------------------ faults
     def _machine_fault(self, step: int) -> None:
         """Have ``train.py`` fail a machine or a worker now, as scheduled: trainer rank
-        0's node (``node``, ``crash``, ``raylet``), rank 2's (``hang``), or rank 1's
-        worker process (``oom``, ``stall``)."""
+        0's node (``node``, ``crash``, ``raylet``, ``drain``, ``spot``), rank 2's
+        (``hang``), or rank 1's worker process (``oom``, ``stall``)."""
         for kind in MACHINE_FAULTS:
             if (kind, step) not in self.pending:
                 continue

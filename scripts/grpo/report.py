@@ -3,6 +3,7 @@ of reward against wall time, and the comparison of a faulted run with a fault-fr
 
 from __future__ import annotations
 
+import itertools
 import math
 
 HEADER = (
@@ -41,6 +42,14 @@ def event_line(e: dict) -> str:
     if kind == "launched":
         how = "a new driver reserved and launched" if e.get("resume") else "launched"
         return f"      -> {how} every worker{secs}"
+    if kind == "preparing":
+        return (
+            f"      -> slots moved off draining node(s) {', '.join(e['leaving'])} (epoch "
+            f"{e['epoch']}): starting {e['ranks']} beside the running workers"
+        )
+    if kind == "moved":
+        parts = ", ".join(f"{k} {v:.2f}s" for k, v in e.get("parts", {}).items())
+        return f"      -> moved {e['moved']} between two steps{secs} ({parts})"
     if kind == "grew":
         return (
             f"      -> rollout grew to {e['rollout']} workers{secs} (started {e['started']}); "
@@ -57,6 +66,24 @@ def recoveries(run: dict) -> list[dict]:
         nxt = min(after) if after else math.nan
         out.append({**f, "seconds": nxt - f["at"]})
     return out
+
+
+def lost_seconds(run: dict, fault: dict) -> dict:
+    """What a fault cost the run: the steps run again, the slowest step after it, the
+    median step before it, and the seconds lost (every step after the fault beyond that
+    median, recoveries included)."""
+    steps = run["steps"]
+    took = [(s, s["finished_at"] - p["finished_at"]) for p, s in itertools.pairwise(steps)]
+    before = sorted(t for s, t in took if s["finished_at"] <= fault["at"])
+    normal = before[len(before) // 2] if before else math.nan
+    after = [t for s, t in took if s["finished_at"] > fault["at"]]
+    events = [e for e in run["events"] if e.get("kind") in ("repaired", "restarted")]
+    return {
+        "normal_step_s": normal,
+        "slowest_after_s": max(after) if after else math.nan,
+        "lost_s": sum(max(0.0, t - normal) for t in after),
+        "steps_run_again": len(events),
+    }
 
 
 def compare(reference: list[dict], faulted: list[dict]) -> tuple[bool, str]:

@@ -87,3 +87,20 @@ def test_a_run_through_a_hung_node_and_killed_and_stopped_workers_ends_equal(tmp
     back = [e["what"] for e in events if e["kind"] == "machine"]
     assert any("resumed after Ray declared it dead" in w for w in back), back
     assert any("its raylet exited, told it is dead" in w for w in back), back
+
+
+def test_a_drained_and_an_evicted_node_cost_no_step(tmp_path):
+    # drain: Ray's PREEMPTION drain of trainer rank 0's node, the node killed at its
+    # deadline; spot: SIGTERM to the node, as a pod evicted gets (Ray drains it itself)
+    notice = 12.0
+    runs = train(tmp_path, 24, "drain@2,spot@12", f"--drain-notice={notice}")
+    run = runs["placectl"]
+    kinds = [e["kind"] for e in run["events"] if e["kind"] != "machine"]
+    # Never a repair: the ranks moved between two steps, before each node went.
+    assert kinds == ["launched", "preparing", "moved", "preparing", "moved"], kinds
+    moved = [e for e in run["events"] if e["kind"] == "moved"]
+    assert all(e["moved"] == {"actor": [0], "rollout": [0]} for e in moved)
+    faults = {f["kind"]: f["at"] for f in run["faults"]}
+    for fault, event in zip(("drain", "spot"), moved, strict=True):
+        assert faults[fault] < event["at"] < faults[fault] + notice  # before the deadline
+    assert [m["epoch"] for m in run["steps"]][-1] == 3

@@ -1,0 +1,152 @@
+"""The running workers of one group, rank by rank: each rank's actor, the name a detached
+one is registered under, the assignment it was started with, and the replacements
+started beside it ahead of a move (make before break)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import ray
+
+from clients.launching import (
+    WORKER_NAMESPACE,
+    options_for,
+    rank_kwargs_for,
+    worker_name,
+)
+from controller import PlacementError
+from controller.state.assignments import Assignment
+
+
+class Launch:
+    """What a group's workers are started with: the actor class, its constructor's
+    arguments, the user's environment and options, and per-rank keyword arguments."""
+
+    def __init__(self, actor_cls, args, kwargs, env, actor_options, rank_kwargs) -> None:
+        self.actor_cls, self.args, self.kwargs = actor_cls, args, kwargs
+        self.env, self.actor_options, self.rank_kwargs = env, actor_options, rank_kwargs
+
+
+class Roster:
+    """One group's workers by rank (see the module docstring).
+
+    Args:
+        job, component: whose workers.
+        actors: the running actor of each rank (None: missing).
+        assignments: what each rank was started with.
+        detached: workers are named and outlive their driver.
+        launch: how to start a worker; None for a group attached without it.
+    """
+
+    def __init__(
+        self,
+        job: str,
+        component: str,
+        actors: list,
+        assignments: list[Assignment],
+        detached: bool,
+        launch: Launch | None,
+        names: list[str | None] | None = None,
+    ) -> None:
+        self.job, self.component, self.detached, self.launch = job, component, detached, launch
+        self.actors = list(actors)
+        self.assignments = list(assignments)
+        self.names = list(names) if names is not None else [None] * len(actors)
+        self.prepared: dict[int, tuple[Any, Assignment, str | None]] = {}
+        self._ready: dict[int, Any] = {}  # rank -> its replacement's __ray_ready__ ref
+
+    def require_launch(self, what: str) -> Launch:
+        if self.launch is None:
+            raise PlacementError(
+                f"{what} needs the group's constructor arguments: launch it with "
+                "WorkerGroup.launch, or pass them to WorkerGroup.attach"
+            )
+        return self.launch
+
+    def start(self, a: Assignment, world: int, name: str | None = None) -> tuple[Any, str | None]:
+        """Start a worker for ``a`` (named ``name`` if detached; default the rank's
+        name); the actor and its name."""
+        launch = self.require_launch("starting a worker")
+        rank = a.placement.rank
+        extra = rank_kwargs_for(launch.rank_kwargs, world)[rank]
+        options = options_for(a, launch.env, launch.actor_options)
+        if self.detached:
+            name = name or worker_name(self.job, self.component, rank)
+            options.update(name=name, namespace=WORKER_NAMESPACE, lifetime="detached")
+        actor = launch.actor_cls.options(**options).remote(
+            *launch.args, **{**launch.kwargs, **extra}
+        )
+        return actor, name if self.detached else None
+
+    def stop(self, ranks: list[int], reused: set[int] | None = None) -> None:
+        """Kill ranks; the names of the detached ones in ``reused`` (default all) are
+        free again when this returns, for a new worker of the same name."""
+        for r in ranks:
+            with contextlib.suppress(Exception):  # most are already dead with their node
+                ray.kill(self.actors[r], no_restart=True)
+        reused = set(ranks) if reused is None else reused
+        names = [self.names[r] for r in ranks if self.detached and self.names[r] and r in reused]
+        deadline = time.monotonic() + 60
+        for name in names:
+            while time.monotonic() < deadline:
+                try:
+                    ray.get_actor(name, namespace=WORKER_NAMESPACE)
+                except ValueError:
+                    break
+                time.sleep(0.05)
+
+    def relaunch(self, ranks: list[int], fresh: list[Assignment]) -> None:
+        """Start ``ranks`` anew in ``fresh`` (ranks past the end are added): a prepared
+        replacement made for the same assignment is swapped in, the others started
+        after the old worker is gone."""
+        self.actors += [None] * (len(fresh) - len(self.actors))
+        self.names += [None] * (len(fresh) - len(self.names))
+        ready = [r for r in ranks if r in self.prepared and self.prepared[r][1] == fresh[r]]
+        old = [r for r in ranks if r < len(self.assignments)]
+        self.stop(old, reused={r for r in old if r not in ready})  # swapped: new names
+        for r in ranks:
+            if r in ready:
+                self.actors[r], _, self.names[r] = self.prepared.pop(r)
+                self._ready.pop(r, None)
+            else:
+                self.actors[r], self.names[r] = self.start(fresh[r], len(fresh))
+        self.drop_prepared(keep=set())
+        self.assignments = list(fresh)
+
+    def shrink(self, world: int, wait: bool = True) -> None:
+        """Kill the ranks past ``world``, and their replacements if any wait; with
+        ``wait``, until a detached one's name is free again."""
+        gone = list(range(world, len(self.actors)))
+        self.stop(gone, reused=None if wait else set())
+        del self.actors[world:], self.names[world:], self.assignments[world:]
+        self.drop_prepared(keep={r for r in self.prepared if r < world})
+
+    def prepared_ready(self) -> bool:
+        """Whether every replacement waiting has finished starting."""
+        refs = [self._ready[r] for r in self.prepared]
+        return len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) == len(refs)
+
+    def prepare(self, ranks: list[int], fresh: list[Assignment]) -> list[int]:
+        """Start replacements of ``ranks`` for ``fresh`` beside the running workers (a
+        detached one is named after its assignment's epoch, so both live at once and a
+        restarted driver finds it); those already started for the same assignment
+        stand. Returns the ranks with a replacement waiting."""
+        same = {r for r in ranks if r in self.prepared and self.prepared[r][1] == fresh[r]}
+        self.drop_prepared(keep=same)
+        for r in ranks:
+            if r not in self.prepared:
+                name = f"{worker_name(self.job, self.component, r)}@{fresh[r].epoch}"
+                actor, name = self.start(fresh[r], len(fresh), name)
+                self.prepared[r] = (actor, fresh[r], name)
+                self._ready[r] = actor.__ray_ready__.remote()
+        return sorted(self.prepared)
+
+    def drop_prepared(self, keep: set[int]) -> None:
+        """Kill the replacements not in ``keep`` (made for assignments that changed)."""
+        for r in [r for r in self.prepared if r not in keep]:
+            actor, _, _ = self.prepared.pop(r)
+            self._ready.pop(r, None)
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
