@@ -15,11 +15,13 @@ import msgspec
 
 from controller import ClusterView, ComponentPlacement, PlacementError, load_spec
 from controller.planning.cluster import load_cluster_view
+from controller.version import version
 
 _DEBUG = False
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(version(), "--version", prog_name="placectl", message="%(prog)s %(version)s")
 @click.option("--debug", is_flag=True, help="Show the traceback behind an error.")
 def cli(debug: bool) -> None:
     """placectl: placement controller for RL post-training on Ray."""

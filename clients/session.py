@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,7 @@ from controller.state.table import (
     key,
     kv_prefix,
 )
+from controller.version import version
 
 DEFAULT_NAME = "placectl"
 DEFAULT_NAMESPACE = "placectl"
@@ -125,6 +127,19 @@ def connect(
     return ctl
 
 
+def warn_if_versions_differ(theirs: str) -> None:
+    """Say on stderr when the controller runs another placectl than this client: the
+    table format is versioned and a newer one is refused, but behaviour may differ."""
+    ours = version()
+    if theirs != ours:
+        print(
+            f"placectl: warning: the controller runs placectl {theirs}, this client "
+            f"{ours}; upgrade one of them (see the upgrade guide)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 class RayTable:
     """What a driver reads from the GCS: a controller's table in the key-value store,
     and which nodes Ray reports dead. Unit tests give a :class:`Controller` another
@@ -197,6 +212,7 @@ class Controller(ChangeClient, QueueClient):
         self.namespace = namespace
         self._table = table if table is not None else RayTable(name)
         self._token = token
+        self._version_checked = False
 
     @property
     def token(self) -> str:
@@ -216,7 +232,13 @@ class Controller(ChangeClient, QueueClient):
         """Call one of the controller actor's methods and wait; a PlacementError it
         raises is raised here as itself."""
         ref = getattr(self._actor(), method).remote(*args, **kw)
-        return unwrap(lambda: ray.get(ref, timeout=timeout))
+        out = unwrap(lambda: ray.get(ref, timeout=timeout))
+        if not self._version_checked:  # once per client, after its first call answered
+            self._version_checked = True
+            with contextlib.suppress(Exception):  # a check, never a reason for a call to fail
+                health = out if method == "health" else self.call("health")
+                warn_if_versions_differ(health.get("version", "unknown"))
+        return out
 
     def check_alive(self) -> str:
         """Round-trip to the controller; returns its incarnation id (new on each restart)."""

@@ -14,6 +14,7 @@ from controller.runtime.liveness import Liveness
 from controller.runtime.progress import Progress
 from controller.runtime.reserving import Reserver
 from controller.runtime.state import ReservationState
+from controller.version import version
 
 
 class DiagnosticCalls:
@@ -40,8 +41,10 @@ class DiagnosticCalls:
         return self._incarnation.id
 
     async def health(self) -> dict[str, Any]:
-        """Incarnation, node, recovery, refusal, how node events arrive, GCS store."""
+        """Version, incarnation, node, recovery, refusal, how node events arrive, GCS
+        store, fenced nodes."""
         return {
+            "version": version(),
             "incarnation": self._incarnation.id,
             "node_id": self._io.own_node(),
             "recovered": self._recovered.is_set(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -414,3 +415,26 @@ def test_a_process_started_from_its_assignment_alone_reads_itself_back(cluster):
     finally:
         second.release_all()
         second.stop()
+
+
+def test_plan_without_gpus_per_node_plans_on_the_running_cluster(cluster, tmp_path):
+    """`placectl plan CONFIG` on a machine of a running cluster takes the nodes Ray
+    reports (it failed with an ImportError once a helper moved)."""
+    config = tmp_path / "conf.yaml"
+    config.write_text("cluster:\n  num_nodes: 3\n  component_placement:\n    actor: 0-7\n")
+    env = {**os.environ, "RAY_ADDRESS": cluster.address}
+    done = subprocess.run(
+        [sys.executable, "-m", "clients.cli", "plan", str(config), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    placed = json.loads(done.stdout)["components"]["actor"]
+    gpus = {n["NodeID"]: n["Resources"].get("GPU", 0) for n in ray.nodes() if n["Alive"]}
+    on = [p["node_id"] for p in placed]
+    assert set(on) == {n for n, g in gpus.items() if g}  # the GPU nodes Ray reports
+    for node in set(on):
+        assert on.count(node) == gpus[node]  # one rank per GPU Ray counts there
