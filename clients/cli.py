@@ -183,6 +183,8 @@ def status(job, address, as_json, watch, interval) -> None:
         )
     _warn_head(health)
     text = _status_text(ctl, job, as_json)
+    if not as_json and not job:
+        text = f"controller {ctl.name}: placectl {health.get('version', 'unknown')}\n{text}"
     click.echo(text)
     last = text
     while watch:

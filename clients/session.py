@@ -80,7 +80,8 @@ def connect(
         start: create the controller if it does not exist. Two drivers starting it at
             once get the same one. It is pinned to the head node with a sliver of the
             head's own resource, so a restart brings it back there.
-        name, namespace: the controller actor's name and namespace.
+        name: the controller actor's name.
+        namespace: the controller actor's namespace.
         token: the owner token of the reservations this client creates and changes
             (default: ``PLACECTL_TOKEN``, else the user's token file; see
             :mod:`clients.owner_token`).
@@ -273,9 +274,10 @@ class Controller(ChangeClient, QueueClient):
         Args:
             repair: ``auto`` replaces a lost node's slot at once; ``manual`` leaves the
                 reservation degraded until :meth:`Reservation.repair`.
-            queue, priority: wait in ``queue`` (at ``priority``, higher first) when it
-                does not fit now: nothing is placed until all of it fits; progress says
-                its position and what it waits for; Ctrl-C or the timeout leave the queue.
+            queue: wait in this queue when it does not fit now: nothing is placed
+                until all of it fits; progress says its position and what it waits for;
+                Ctrl-C or the timeout leave the queue.
+            priority: its place in the queue, higher first.
             force: replace (``replace=True``) a reservation another client owns.
             preemptible: a queued reservation of higher priority may take it back: its
                 ``info.preempt_at`` (and ``clients.preempt_deadline()`` in its workers)

@@ -66,7 +66,7 @@ class WorkerGroup:
             reservation: a :class:`clients.Reservation`.
             component: the component to launch.
             worker_cls: a class, or a ``ray.remote`` actor class.
-            *args, **kwargs: constructor arguments, the same for every rank.
+            *args: constructor arguments, the same for every rank.
             env: extra environment variables (placectl's own keys are refused).
             actor_options: further ``.options()`` (e.g. ``max_concurrency``); placement
                 options are the reservation's and are refused.
@@ -74,6 +74,7 @@ class WorkerGroup:
                 restarted driver finds them with :meth:`attach`.
             rank_kwargs: per-rank keyword arguments, a list (one dict per rank) or a
                 function of the rank; merged over ``kwargs``.
+            **kwargs: constructor keyword arguments, the same for every rank.
             wait: wait until every worker's constructor has returned (default), with
                 progress on stderr every few seconds.
             timeout: how long to wait; then every worker is killed and
@@ -106,10 +107,11 @@ class WorkerGroup:
         ``detached=True``), e.g. from a restarted driver.
 
         Args:
-            worker_cls, *args, env, actor_options, rank_kwargs, **kwargs: what the group
-                was launched with. With them the attached group can :meth:`repair` and
-                :meth:`sync` like a launched one, and a rank whose worker is gone (its
-                node was lost while no driver was running) is attached as missing, for
+            worker_cls: the class the group was launched with; with it (and the same
+                ``*args``, ``env``, ``actor_options``, ``rank_kwargs`` and ``**kwargs``)
+                the attached group can :meth:`repair` and :meth:`sync` like a launched
+                one, and a rank whose worker is gone (its node was lost while no driver
+                was running) is attached as missing, for
                 ``repair()`` to start. Without them a missing worker is an error.
 
         Raises:

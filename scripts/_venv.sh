@@ -1,19 +1,28 @@
-# Sourced by scripts/test and scripts/demo: make sure .venv exists and holds the
-# project with its test extra. Re-installs only when pyproject.toml changed.
+# Sourced by scripts/test and scripts/demo: make sure .venv exists and holds the project
+# with the extras the caller needs (PLACECTL_EXTRAS: `demo`, `dev` or, by default, `test`,
+# which holds both and the framework integrations' packages). Installs again only when
+# pyproject.toml changed since those extras were installed.
 PYTHON=${PYTHON:-python3}
+EXTRAS=${PLACECTL_EXTRAS:-test}
 if [ ! -x .venv/bin/python ]; then
   echo "== creating .venv"
   "$PYTHON" -m venv .venv
 fi
-stamp=.venv/.placectl-installed
-if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
-  echo "== installing placectl and its test dependencies into .venv"
+installed() {  # the extras $1, or `test` (which holds every other), are installed for this pyproject
+  for e in "$1" test; do
+    if [ -f ".venv/.placectl-$e" ] && cmp -s pyproject.toml ".venv/.placectl-$e"; then return 0; fi
+  done
+  return 1
+}
+if ! installed "$EXTRAS"; then
+  echo "== installing placectl[$EXTRAS] into .venv"
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]" 2>&1 | grep -v "^WARNING: Location" || true
   .venv/bin/python -c "import controller, clients, ray, msgspec, yaml" || { echo "install failed" >&2; exit 1; }
-  cp pyproject.toml "$stamp"
+  cp pyproject.toml ".venv/.placectl-$EXTRAS"
 fi
 export PATH="$PWD/.venv/bin:$PATH"
+[ "$EXTRAS" = test ] || return 0
 # RLinf's scheduler for tests/integration/test_rlinf.py: rlinf's own requirements pull about
 # 3 GB (CUDA-free torch stack, liger_kernel, triton); its scheduler needs only omegaconf
 # and antlr4 (both here already, through verl), so it goes in without them.

@@ -12,6 +12,7 @@ from ray.util.placement_group import placement_group_table
 import clients
 from controller import PlacementError
 from controller.errors import ReservationTimeout
+from controller.version import version
 from tests.integration.conftest import GPU_NODES, live_groups, placectl_cli, wait_for
 
 
@@ -130,6 +131,6 @@ def test_the_command_line_plans_and_resizes(cluster, ctl, tmp_path):
     assert "cli-job: applied, epoch 2" in resized and "slots: 2 kept, 1 made" in resized
     assert ctl.record("cli-job").spec.component("rollout").placement == "4-7"
     shown = placectl_cli(cluster.address, "status")
-    assert "cli-job" in shown.stdout
+    assert "cli-job" in shown.stdout and f"placectl {version()}" in shown.stdout
     # This test cluster keeps the GCS in memory: the user is told what a head loss costs.
     assert "no GCS fault tolerance" in shown.stderr and "RAY_REDIS_ADDRESS" in shown.stderr

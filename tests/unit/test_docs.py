@@ -1,0 +1,99 @@
+"""What the documentation names exists: every error class, CLI command and option,
+file, test and script the README and docs/ mention, and the version they give."""
+
+from __future__ import annotations
+
+import inspect
+import pathlib
+import re
+import sys
+
+import pytest
+import tomllib
+
+import clients
+import controller
+from controller import errors
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def text(path: pathlib.Path) -> str:
+    return path.read_text()
+
+
+def test_every_error_class_is_in_the_reference_and_exported_by_both_packages():
+    page = text(ROOT / "docs" / "reference" / "errors.md")
+    classes = [
+        name
+        for name, obj in vars(errors).items()
+        if inspect.isclass(obj) and issubclass(obj, errors.PlacementError)
+    ]
+    assert [c for c in classes if f"`{c}`" not in page] == []
+    for c in classes:
+        assert getattr(controller, c) is getattr(clients, c), c
+
+
+def test_the_cli_reference_is_what_the_cli_prints():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import cli_reference
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert text(cli_reference.PAGE) == cli_reference.page(), "run scripts/cli_reference.py"
+
+
+def test_the_version_is_the_packages():
+    project = tomllib.loads(text(ROOT / "pyproject.toml"))["project"]
+    from controller.version import SOURCE_VERSION
+
+    assert project["version"] == SOURCE_VERSION
+    assert f"Version {SOURCE_VERSION}" in text(ROOT / "README.md")
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)(#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_leads_to_a_file(page):
+    missing = []
+    for target, _ in LINK.findall(text(page)):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        if not (page.parent / target).exists():
+            missing.append(target)
+    assert missing == []
+
+
+# A path of the repository in backticks: `scripts/train.py`, `clients/testing/machines.py`.
+PATH = re.compile(r"`((?:scripts|clients|controller|tests|docs)/[\w./-]+)`")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_file_a_page_names_exists(page):
+    named = {m.rstrip("/.") for m in PATH.findall(text(page))}
+    assert sorted(p for p in named if not (ROOT / p).exists()) == []
+
+
+FENCE = re.compile(r"^```[a-z]*\n(.*?)^```", re.M | re.S)
+COMMAND = re.compile(r"^\s*(?:\$ )?placectl ([a-z]+)((?: [^#\n]*)?)", re.M)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_placectl_command_and_option_a_page_shows_exists(page):
+    from clients.cli import cli
+
+    bad = []
+    for block in FENCE.findall(text(page)):
+        for name, rest in COMMAND.findall(block):
+            command = cli.commands.get(name)
+            if command is None:
+                bad.append(f"placectl {name}")
+                continue
+            known = {o for p in command.params for o in getattr(p, "opts", [])}
+            known |= {o for p in cli.params for o in getattr(p, "opts", [])}
+            for option in re.findall(r"(?<!\S)(--[a-z-]+)", rest):
+                if option not in known:
+                    bad.append(f"placectl {name} {option}")
+    assert bad == []
