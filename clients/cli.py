@@ -13,7 +13,9 @@ import time
 import click
 import msgspec
 
+from clients import exit_codes
 from controller import ClusterView, ComponentPlacement, PlacementError, load_spec
+from controller.errors import ClusterUnavailable
 from controller.planning.cluster import load_cluster_view
 from controller.version import version
 
@@ -104,7 +106,7 @@ def _connect(address: str, start: bool = False):
             ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         return clients.connect(address=address, start=start)
     except ConnectionError as e:
-        raise click.ClickException(
+        raise ClusterUnavailable(
             f"cannot reach a Ray cluster at {address!r} ({e}); start one with `ray start --head`"
         ) from None
 
@@ -382,13 +384,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=args, prog_name="placectl", standalone_mode=False)
     except PlacementError as e:
-        _fail(str(e), 2)
+        _fail(str(e), exit_codes.code_of(e))
     except click.UsageError as e:
-        _fail(e.format_message(), 2)
+        _fail(e.format_message(), exit_codes.USAGE)
     except click.ClickException as e:
-        _fail(e.format_message(), e.exit_code or 1)
+        _fail(e.format_message(), e.exit_code or exit_codes.UNCLASSIFIED)
     except (click.Abort, KeyboardInterrupt):
-        _fail("aborted", 130)
+        _fail("aborted", exit_codes.INTERRUPTED)
     except BrokenPipeError:
         sys.exit(1)
     except Exception as e:  # anything else still gets one line, not a traceback

@@ -15,13 +15,15 @@ import click
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from clients import exit_codes
 from clients.cli import cli
 
 PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "reference" / "cli.md"
 HEAD = """# Command line
 
-Generated from the CLI by `scripts/cli_reference.py`; every command's `--help`.
-Errors are one line on stderr and a non-zero exit (`--debug` shows the traceback).
+Generated from the CLI by `scripts/cli_reference.py`: every command's `--help`, and the
+exit codes. An error is one line on stderr (`--debug` shows the traceback behind it)
+and one of these exit codes, so a script can tell what to retry from what to fix:
 
 """
 
@@ -37,8 +39,26 @@ def help_of(command: click.Command, path: list[str]) -> str:
     return command.get_help(ctx)
 
 
+def exit_code_table() -> str:
+    """The table of clients.exit_codes's docstring, as Markdown."""
+    rows: list[list[str]] = []
+    for line in exit_codes.__doc__.splitlines():
+        head, _, rest = line.partition(" ")
+        if head.isdigit():
+            rows.append([head, rest])
+        elif rows and line.startswith("      ") and line.strip():
+            rows[-1][1] += " " + line.strip()
+    table = ["| code | meaning |", "|---|---|"]
+    table += [f"| {code} | {' '.join(meaning.split())} |" for code, meaning in rows]
+    return "\n".join(table) + "\n"
+
+
 def page() -> str:
-    out = [HEAD, "## placectl\n\n```\n" + help_of(cli, ["placectl"]) + "\n```\n"]
+    out = [
+        HEAD,
+        exit_code_table(),
+        "\n## placectl\n\n```\n" + help_of(cli, ["placectl"]) + "\n```\n",
+    ]
     for name in sorted(cli.commands):
         command = cli.commands[name]
         text = help_of(command, ["placectl", name])

@@ -438,3 +438,18 @@ def test_plan_without_gpus_per_node_plans_on_the_running_cluster(cluster, tmp_pa
     assert set(on) == {n for n, g in gpus.items() if g}  # the GPU nodes Ray reports
     for node in set(on):
         assert on.count(node) == gpus[node]  # one rank per GPU Ray counts there
+
+
+def test_the_cli_exit_codes_tell_not_found_conflict_and_timeout_apart(cluster, ctl, tmp_path):
+    from tests.integration.conftest import placectl_cli
+
+    assert placectl_cli(cluster.address, "status", "no-such-job").returncode == 3
+    ctl.reserve("codes", one_node("0-1"), timeout_s=60)
+    other = tmp_path / "other.yaml"
+    other.write_text("cluster:\n  num_nodes: 3\n  component_placement:\n    actor: 0-3\n")
+    assert placectl_cli(cluster.address, "reserve", "codes", str(other)).returncode == 4
+    huge = tmp_path / "huge.yaml"  # more nodes than the cluster has: it waits, then times out
+    huge.write_text("cluster:\n  num_nodes: 9\n  component_placement:\n    actor: 0-3\n")
+    done = placectl_cli(cluster.address, "reserve", "huge", str(huge), "--timeout", "2")
+    assert done.returncode == 5, done.stderr
+    assert placectl_cli(cluster.address, "release", "codes").returncode == 0

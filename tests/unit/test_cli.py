@@ -235,3 +235,27 @@ def test_plan_shows_each_nodes_domain_and_refuses_a_spanning_segment(capsys, tmp
         "processes 0-7 (topology.segment 8) span NVLink domains A (node rank 1), B (node rank 2)"
         in err
     )
+
+
+def test_every_error_has_the_exit_code_the_reference_documents():
+    from clients import exit_codes
+    from controller import errors
+
+    assert exit_codes.code_of(errors.UnknownReservation("x")) == 3
+    for conflict in (errors.ReservationConflict, errors.NotOwner, errors.StaleReservation):
+        assert exit_codes.code_of(conflict("x")) == 4
+    assert exit_codes.code_of(errors.ReservationTimeout("x")) == 5
+    for gone in (errors.ClusterUnavailable, errors.TableUnreadable, errors.PersistenceError):
+        assert exit_codes.code_of(gone("x")) == 6
+    for bad in (errors.SpecError, errors.PlacementStringError, errors.ReservationInfeasible):
+        assert exit_codes.code_of(bad("x")) == 2
+    assert exit_codes.code_of(ConnectionError("x")) == 6
+    assert exit_codes.code_of(KeyboardInterrupt()) == 130
+    assert exit_codes.code_of(RuntimeError("x")) == 1
+
+
+def test_a_bad_configuration_exits_2_with_one_line(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster:\n  num_nodes: 2\n  component_placement:\n    actor: 4-1\n")
+    code, _, err = run(capsys, "plan", str(bad), "--gpus-per-node", "8")
+    assert code == 2 and err.count("\n") == 1 and "4-1" in err
