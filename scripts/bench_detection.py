@@ -3,8 +3,9 @@
 own health checks alone, against placectl's raylet checks and fence, side by side.
 
 One local cluster per setting of Ray's health checks (its defaults, and the tighter ones
-the README recommends), a head and GPU nodes of 2 fake GPUs. Each trial fails one node as
-machines fail (every process killed, every process stopped, or the raylet alone killed)
+docs/operations/failures.md recommends), a head and GPU nodes of 2 fake GPUs. Each trial
+fails one node as machines fail (every process killed, every process stopped, or the
+raylet alone killed)
 and polls Ray's node table until the node is dead: once for a node that holds no
 reservation (only Ray's checks can notice it), once for a node that holds a placectl
 slot (placectl's checks run too). Trials alternate which goes first.

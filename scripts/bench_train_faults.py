@@ -10,8 +10,8 @@ restore the checkpoint). Runs alternate which goes first. For every fault it rep
 seconds from the fault to the next finished training step, and checks that every run's
 per-step metrics equal the first run's.
 
-With ``--tight-health-checks`` the cluster checks its nodes' health as the README
-recommends (``clients.testing.machines.TIGHT_HEALTH_CHECKS``) instead of Ray's defaults.
+With ``--tight-health-checks`` the cluster checks its nodes' health as the docs
+recommend (``clients.testing.machines.TIGHT_HEALTH_CHECKS``) instead of Ray's defaults.
 
 Usage: scripts/bench_train_faults.py [--trials 3] [--faults crash@3,hang@6]
                                      [--tight-health-checks]

@@ -14,7 +14,8 @@ without Ray, on a stand-in cluster that records what each worker would be starte
 every variable of every rank is compared. Then placectl's own worker environment
 (``controller.state.environment.worker_env``, what a plain class on a reservation reads)
 is compared with (1) on every variable both set, the node group's ``env_configs``
-included. Known, deliberate differences are counted apart and explained in the README.
+included. Known, deliberate differences are counted apart and explained in
+docs/evidence/conformance.md.
 
 Usage: scripts/conformance_rlinf_env.py --rlinf PATH [--gpus-per-node 8] [--details]
 Without --rlinf, or without rlinf installed, it says so and exits 0.

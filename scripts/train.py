@@ -343,7 +343,7 @@ def main() -> int:
     ap.add_argument(
         "--tight-health-checks",
         action="store_true",
-        help="the embedded cluster checks its nodes' health as the README recommends",
+        help="the embedded cluster checks its nodes' health as docs/operations/failures.md says",
     )
     args = ap.parse_args()
     if args.steps < 1 or args.prompts < 4 or args.prompts % 4:

@@ -4,8 +4,6 @@ idle. Where each worker runs is read from Ray, never from placectl."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -80,7 +78,9 @@ def test_a_lost_node_without_a_spare_is_replaced_by_a_node_the_autoscaler_adds(c
         wait_for(lambda: not scaler.running(), timeout=60)
 
 
-def test_a_drained_node_without_a_spare_moves_to_a_new_node_before_its_deadline(cluster, ctl):
+def test_an_evicted_node_without_a_spare_moves_to_a_new_node_before_it_goes(cluster, ctl):
+    """A pod deleted or evicted: SIGTERM to its `ray start --block`, which has Ray drain
+    the node for 30 s and stop it once nothing runs there."""
     with LocalAutoscaler(cluster, idle_timeout_s=3) as scaler:
         res = ctl.reserve("drain", spec(), timeout_s=120)
         group = clients.WorkerGroup.launch(res, "actor", Worker)
@@ -88,22 +88,20 @@ def test_a_drained_node_without_a_spare_moves_to_a_new_node_before_its_deadline(
         node = res.assignments("actor")[0].placement.node_id
         leaving = [r for r, a in enumerate(res.assignments("actor")) if a.placement.node_id == node]
         epoch = res.epoch
-        deadline = time.time() + 90
-        gcs = ray._private.worker.global_worker.gcs_client  # as a spot-notice handler does
-        from ray.core.generated.autoscaler_pb2 import DrainNodeReason
-
-        reason = DrainNodeReason.DRAIN_NODE_REASON_PREEMPTION
-        accepted, why = gcs.drain_node(node, reason, "spot notice", int(deadline * 1000))
-        assert accepted, why
+        evicted = scaler.launched[node]
+        evicted.evict()
         info = res.wait_ready(timeout=90, newer_than=epoch)
-        assert time.time() < deadline and info.state == "ready"
+        assert info.state == "ready" and node in info.leaving
+        assert evicted.proc.poll() is None  # the node is still there: make before break
         (new,) = set(scaler.launched) - first
-        assert group.dead_ranks() == []  # make before break: nothing died yet
-        moved = group.sync()
+        assert group.dead_ranks() == []  # nothing of the job died
+        assert group.prepare() == leaving  # replacements start beside the running ranks
+        wait_for(group.prepared_ready, timeout=60)
+        moved = group.sync()  # swapped in: the old ones stopped, the node now idle
         assert moved.moved == leaving
         where = group.execute("where")
-        assert {where[r] for r in leaving} == {new}
-        scaler.launched[node].crash()  # the node goes at its deadline
+        assert {where[r] for r in leaving} == {new}  # per Ray: on the node it added
+        evicted.wait_gone(timeout=60)  # Ray stops the drained node once idle
         assert group.dead_ranks() == []
         group.shutdown()
         ctl.release("drain")

@@ -1,4 +1,5 @@
-"""The README's migration recipes, run as written, and what they start checked with Ray."""
+"""The migration recipes (docs/guides/migration.md), run as written, and what they start
+checked with Ray."""
 
 from __future__ import annotations
 
@@ -10,17 +11,17 @@ import ray
 
 from tests.integration.conftest import GPU_NODES, bundle_ids
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "migration.md"
 BLOCK = re.compile(r"```python\n# recipe: ([\w-]+)\n(.*?)```", re.S)
 
 
 def recipes() -> dict[str, str]:
-    return dict(BLOCK.findall(README.read_text()))
+    return dict(BLOCK.findall(PAGE.read_text()))
 
 
 def run(name: str, conf: dict) -> dict:
     scope = {"conf": conf, "__name__": f"recipe_{name.replace('-', '_')}"}
-    exec(compile(recipes()[name], f"README.md recipe {name}", "exec"), scope)
+    exec(compile(recipes()[name], f"docs/guides/migration.md recipe {name}", "exec"), scope)
     return scope
 
 

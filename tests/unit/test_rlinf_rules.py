@@ -3,7 +3,7 @@
 Each case states what RLinf's own code does with the input (its placement strategies,
 ComponentPlacement and ClusterConfig, read from its repository) and checks placectl does
 the same; where placectl deliberately differs, the case says so and checks placectl's
-documented behaviour instead (see the README, "Conformance with RLinf").
+documented behaviour instead (see docs/evidence/conformance.md).
 """
 
 from __future__ import annotations
