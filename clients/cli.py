@@ -15,7 +15,7 @@ import msgspec
 
 from clients import exit_codes
 from controller import ClusterView, ComponentPlacement, PlacementError, load_spec
-from controller.errors import ClusterUnavailable
+from controller.errors import ClusterUnavailable, TableUnreadable
 from controller.planning.cluster import load_cluster_view
 from controller.version import version
 
@@ -179,7 +179,7 @@ def status(job, address, as_json, watch, interval) -> None:
     ctl = _connect(address)
     health = ctl.health()
     if health.get("refusal"):
-        raise click.ClickException(
+        raise TableUnreadable(
             f"the controller refuses to act: the reservation table cannot be read: "
             f"{health['refusal']}"
         )

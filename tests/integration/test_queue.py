@@ -96,7 +96,7 @@ def test_another_clients_change_is_refused_unless_forced(cluster, ctl):
     env = dict(os.environ, PLACECTL_TOKEN="someone-else")
     cli = [sys.executable, "-m", "clients.cli", "release", "mine", "--address", cluster.address]
     refused = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=120)
-    assert refused.returncode == 2 and "--force" in refused.stderr
+    assert refused.returncode == 4 and "--force" in refused.stderr  # exit 4: not owner
     assert ctl.status("mine").state == "ready"
     forced = subprocess.run([*cli, "--force"], env=env, capture_output=True, text=True, timeout=120)
     assert forced.returncode == 0 and "released mine" in forced.stdout

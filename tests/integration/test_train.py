@@ -93,7 +93,7 @@ def test_a_drained_and_an_evicted_node_cost_no_step(tmp_path):
     # drain: Ray's PREEMPTION drain of trainer rank 0's node, the node killed at its
     # deadline; spot: SIGTERM to the node, as a pod evicted gets (Ray drains it itself)
     notice = 12.0
-    runs = train(tmp_path, 24, "drain@2,spot@12", f"--drain-notice={notice}")
+    runs = train(tmp_path, 28, "drain@2,spot@20", f"--drain-notice={notice}")
     run = runs["placectl"]
     kinds = [e["kind"] for e in run["events"] if e["kind"] != "machine"]
     # Never a repair: the ranks moved between two steps, before each node went.
