@@ -14,6 +14,7 @@ from clients.changes import ChangeClient, unwrap
 from clients.owner_token import resolve_token
 from clients.queue import QueueClient
 from clients.reservation import Reservation
+from clients.versions import check_ray_version, warn_if_versions_differ
 from controller import ClusterSpec, PlacementError, load_spec
 from controller.errors import (
     ReservationCancelled,
@@ -38,30 +39,11 @@ from controller.state.table import (
     key,
     kv_prefix,
 )
-from controller.version import version
 
 DEFAULT_NAME = "placectl"
 DEFAULT_NAMESPACE = "placectl"
-# Ray before 2.60 kills, at its first task, a process whose visible devices are set from
-# its runtime environment and are fewer than the node's (an IndexError in Ray's
-# get_accelerator_ids): every placectl process that holds several accelerators.
-# scripts/check_ray.py shows it.
-MIN_RAY = (2, 60)
 _INFO = msgspec.msgpack.Decoder(ReservationInfo)
 _INFOS = msgspec.msgpack.Decoder(list[ReservationInfo])
-
-
-def check_ray_version(version: str) -> None:
-    """Raise PlacementError if ``version`` of Ray is older than placectl needs."""
-    try:
-        found = tuple(int(p) for p in version.split(".")[:2])
-    except ValueError:
-        return  # a development build: nothing to compare
-    if found < MIN_RAY:
-        raise PlacementError(
-            f"placectl needs Ray >= {MIN_RAY[0]}.{MIN_RAY[1]}, this is Ray {version}: "
-            'pip install "ray[default]>=2.60"'
-        )
 
 
 def connect(
@@ -126,19 +108,6 @@ def connect(
     if created:
         ctl.check_alive()  # surface a controller that cannot start, here and now
     return ctl
-
-
-def warn_if_versions_differ(theirs: str) -> None:
-    """Say on stderr when the controller runs another placectl than this client: the
-    table format is versioned and a newer one is refused, but behaviour may differ."""
-    ours = version()
-    if theirs != ours:
-        print(
-            f"placectl: warning: the controller runs placectl {theirs}, this client "
-            f"{ours}; upgrade one of them (see the upgrade guide)",
-            file=sys.stderr,
-            flush=True,
-        )
 
 
 class RayTable:

@@ -11,7 +11,7 @@ import re
 
 import yaml
 
-from clients.session import MIN_RAY
+from clients.versions import MIN_RAY
 from controller.state.spares import KIND_LABELS
 
 MANIFEST = pathlib.Path(__file__).resolve().parents[2] / "docs" / "operations" / "raycluster.yaml"

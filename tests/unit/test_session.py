@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clients.session import check_ray_version
+from clients.versions import check_ray_version
 from controller import PlacementError
 
 
