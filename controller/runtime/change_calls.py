@@ -12,12 +12,13 @@ from typing import Any
 import msgspec
 
 from controller.runtime.applying import Applier
+from controller.runtime.history import acting_as, client
 from controller.runtime.leasing import Leaser
 from controller.runtime.liveness import Liveness
 from controller.runtime.repair import Repairer
 from controller.runtime.state import ReservationState
 from controller.state import requests
-from controller.state.owners import Caller, check_owner
+from controller.state.owners import Caller, check_owner, owner_hash
 from controller.state.requests import check_flag, check_job, check_timeout
 
 log = logging.getLogger("placectl.controller")
@@ -68,7 +69,8 @@ class ChangeCalls:
         spec = requests.coerce_spec(spec)
         timeout = check_timeout(timeout_s)
         check_flag(dry_run, "dry_run")
-        summary = await self._applier.apply(job, spec, timeout, dry_run, caller)
+        with acting_as(client(owner_hash(token), force)):
+            summary = await self._applier.apply(job, spec, timeout, dry_run, caller)
         return msgspec.msgpack.encode(summary)
 
     async def resize(
@@ -88,9 +90,10 @@ class ChangeCalls:
         caller = self._owns(job, token, check_flag(force, "force"), "resize")
         timeout = check_timeout(timeout_s)
         check_flag(dry_run, "dry_run")
-        summary = await self._applier.resize(
-            job, component, placement, node_group, timeout, dry_run, caller
-        )
+        with acting_as(client(owner_hash(token), force)):
+            summary = await self._applier.resize(
+                job, component, placement, node_group, timeout, dry_run, caller
+            )
         return msgspec.msgpack.encode(summary)
 
     async def repair(self, job: str, token: str = "", force: bool = False) -> bytes:
@@ -102,7 +105,8 @@ class ChangeCalls:
         res = self._state.get(job)
         if res is not None and res.settled:
             await self._liveness.check_now(res.node_ids())
-        await self._repairer.repair(job, caller)
+        with acting_as(client(owner_hash(token), force)):
+            await self._repairer.repair(job, caller)
         return self._status_bytes(self._state.require(job))
 
     async def lease_ports(

@@ -41,6 +41,7 @@ class Context:
         settings: Settings,
         prefix: str,
         incarnation: Incarnation,
+        tasks: Tasks | None = None,
     ) -> None:
         self.io = io
         self.state = state
@@ -49,7 +50,7 @@ class Context:
         self.incarnation = incarnation
         self.nodes = ClusterNodes()
         self.locks = JobLocks()
-        self.tasks = Tasks()
+        self.tasks = tasks or Tasks()
         self.progress = Progress()
         name = prefix.removeprefix("placectl:").rstrip(":")
         self.demand = Demand(io, self.nodes, name, settings.demand_grace, settings.demand_free_wait)

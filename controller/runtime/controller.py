@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import time
 from typing import Any
 
 import msgspec
@@ -32,6 +33,7 @@ from controller.runtime.change_calls import ChangeCalls
 from controller.runtime.checks import Checker
 from controller.runtime.context import Context
 from controller.runtime.diagnostics import DiagnosticCalls
+from controller.runtime.history import History, acting_as, client
 from controller.runtime.incarnation import FAULT_STEPS, Incarnation, SimulatedCrash
 from controller.runtime.io import ClusterIO
 from controller.runtime.leasing import Leaser
@@ -43,6 +45,7 @@ from controller.runtime.reserving import Reserver
 from controller.runtime.settings import Settings
 from controller.runtime.state import ReservationState
 from controller.runtime.store import Store
+from controller.runtime.tasks import Tasks
 from controller.state import requests
 from controller.state.owners import Caller, owner_hash, owns
 from controller.state.queueing import Terms
@@ -50,6 +53,7 @@ from controller.state.records import AUTO, GROUP_PREFIX, ReservationRecord
 from controller.state.requests import check_flag, check_job, check_policy, check_timeout
 from controller.state.status import summarize
 from controller.state.table import KV_NAMESPACE, kv_prefix, where
+from controller.state.usage import usage
 
 __all__ = ["FAULT_STEPS", "PlacementController", "SimulatedCrash"]
 
@@ -128,8 +132,10 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
         prefix = f"{GROUP_PREFIX}{name}:"
         self._prefix = prefix
         self._incarnation = Incarnation(exit_process=real)
-        self._state = ReservationState(Store(io), io.metrics)
-        ctx = Context(io, self._state, self.settings, prefix, self._incarnation)
+        tasks = Tasks()
+        history = History(io.metrics, self.settings.events_kept)
+        self._state = ReservationState(Store(io), io.metrics, history, tasks)
+        ctx = Context(io, self._state, self.settings, prefix, self._incarnation, tasks)
         self._nodes, self._locks, self._tasks = ctx.nodes, ctx.locks, ctx.tasks
         self._progress = ctx.progress
         self._checker = Checker(ctx)
@@ -187,11 +193,18 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
                 if self._refusal is None:
                     await self._reconciler.tick()
                     await self._admitter.tick()
+                    self._report()
                 elif asyncio.get_running_loop().time() - last_try >= self.settings.refusal_retry:
                     last_try = asyncio.get_running_loop().time()
                     await self._retry_unreadable()
             except Exception:
                 log.exception("reconcile tick failed; the next one will run")
+
+    def _report(self) -> None:
+        """The gauges that move with time (how long the oldest has waited) and with
+        quotas, once a tick."""
+        records = self._state.records.values()
+        self._io.metrics.queues(usage(records, self._state.quotas, time.time()))
 
     async def _retry_unreadable(self) -> None:
         try:
@@ -228,6 +241,9 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
     async def stop(self) -> None:
         """Stop the loop (tests: a controller object that is discarded)."""
         self._incarnation.dead = True
+        with contextlib.suppress(Exception):  # the last events, if the GCS takes them
+            last = min(2.0, self.settings.removal_timeout)
+            await asyncio.wait_for(self._state.write_history(), last)
         self._tasks.stop()
 
     def _fenced(self, node: str) -> None:
@@ -271,7 +287,8 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
             if preempt_grace_s
             else 0.0,
         )
-        res = await self._reserver.reserve(job, spec, timeout, replace, policy, terms, caller)
+        with acting_as(client(terms.owner, force)):
+            res = await self._reserver.reserve(job, spec, timeout, replace, policy, terms, caller)
         return self._status_bytes(res)
 
     async def cancel(self, job: str) -> bool:
@@ -283,7 +300,8 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
         """Remove ``job``'s reservation; True if there was one (see :meth:`Reserver.release`)."""
         await self._ready()
         caller = self._owns(check_job(job), token, check_flag(force, "force"), "release")
-        return await self._reserver.release(job, caller)
+        with acting_as(client(owner_hash(token), force)):
+            return await self._reserver.release(job, caller)
 
     async def release_all(self, token: str = "", force: bool = False) -> list[str]:
         """Release every reservation the caller owns (every one with ``force``); returns
@@ -295,7 +313,8 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
             log.warning("release of every reservation forced (%d)", len(jobs))
         caller, released = Caller(requests.check_token(token), force), []
         for job in sorted(jobs):
-            with contextlib.suppress(NotOwner):  # reserved anew by another client meanwhile
+            # NotOwner: reserved anew by another client meanwhile
+            with contextlib.suppress(NotOwner), acting_as(client(owner_hash(token), force)):
                 if await self._reserver.release(job, caller):
                     released.append(job)
         return released

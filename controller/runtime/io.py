@@ -17,6 +17,8 @@ from typing import Protocol
 import msgspec
 
 from controller.state.demand import DemandGroup
+from controller.state.events import Event
+from controller.state.usage import QueueUsage
 
 CREATED, PENDING, REMOVED, RESCHEDULING = "CREATED", "PENDING", "REMOVED", "RESCHEDULING"
 # The resource Ray gives the head node only; the controller asks for a sliver of it.
@@ -61,9 +63,12 @@ class NodeEvent(msgspec.Struct, frozen=True):
 
 
 class Metrics(Protocol):
-    def observe(self, states: dict[str, int], accelerators: dict[str, int]) -> None: ...
-    def forget(self, job: str) -> None: ...
+    """Where the controller's metrics go (:mod:`controller.runtime.metrics` for Ray)."""
+
+    def observe(self, states: dict[str, int]) -> None: ...
     def reserve_latency(self, seconds: float) -> None: ...
+    def event(self, event: Event) -> None: ...
+    def queues(self, usage: list[QueueUsage]) -> None: ...
 
 
 class ClusterIO(Protocol):
@@ -151,14 +156,24 @@ class ClusterIO(Protocol):
         ...
 
 
-class NullMetrics:
-    """Metrics that go nowhere (the fake cluster's)."""
+class KeptMetrics:
+    """Metrics kept in memory (the fake cluster's), so that tests read what a real
+    controller exports."""
 
-    def observe(self, states: dict[str, int], accelerators: dict[str, int]) -> None:
-        pass
+    def __init__(self) -> None:
+        self.states: dict[str, int] = {}
+        self.latencies: list[float] = []
+        self.events: list[Event] = []
+        self.usage: list[QueueUsage] = []
 
-    def forget(self, job: str) -> None:
-        pass
+    def observe(self, states: dict[str, int]) -> None:
+        self.states = dict(states)
 
     def reserve_latency(self, seconds: float) -> None:
-        pass
+        self.latencies.append(seconds)
+
+    def event(self, event: Event) -> None:
+        self.events.append(event)
+
+    def queues(self, usage: list[QueueUsage]) -> None:
+        self.usage = list(usage)

@@ -1,35 +1,136 @@
-"""The controller's metrics, exported through Ray's metrics system (Prometheus)."""
+"""The controller's metrics, exported through Ray's metrics system (Prometheus, where
+each name gains Ray's ``ray_`` prefix).
+
+Labels are bounded by what an operator configures (queues, resources) or by placectl
+(states, causes), never by job names, so a cluster with many jobs does not grow the
+series count. Counters and histograms follow from the event history (one event, one
+observation); gauges are set at every commit (states) and every tick of the loop
+(queues and quotas).
+"""
 
 from __future__ import annotations
 
+from controller.state import events as ev
+from controller.state.usage import QueueUsage
+
+NO_QUEUE = "none"  # the queue label of reservations made without a queue
+
+# name -> (kind, labels, help): what the docs list and the scrape test looks for.
+METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "placectl_reservations": ("gauge", ("state",), "Reservations by state."),
+    "placectl_reserved_accelerators": (
+        "gauge",
+        ("queue",),
+        "Accelerators held by placed reservations, by queue.",
+    ),
+    "placectl_reserve_latency_seconds": (
+        "histogram",
+        (),
+        "Time to create, place and probe a new reservation.",
+    ),
+    "placectl_queue_depth": ("gauge", ("queue",), "Reservations waiting for admission."),
+    "placectl_queue_oldest_wait_seconds": (
+        "gauge",
+        ("queue",),
+        "How long the oldest reservation waiting in the queue has waited.",
+    ),
+    "placectl_admission_wait_seconds": (
+        "histogram",
+        ("queue",),
+        "Time from joining a queue to admission.",
+    ),
+    "placectl_repairs_total": ("counter", ("cause",), "Degraded reservations made ready again."),
+    "placectl_repair_seconds": (
+        "histogram",
+        ("cause",),
+        "Time a reservation spent degraded before its repair.",
+    ),
+    "placectl_degraded_seconds_total": (
+        "counter",
+        ("queue",),
+        "Seconds reservations spent degraded (counted when repaired).",
+    ),
+    "placectl_drain_moves_total": (
+        "counter",
+        ("queue",),
+        "Reservations moved off draining nodes before their deadline.",
+    ),
+    "placectl_preemptions_total": ("counter", ("queue",), "Reservations preempted."),
+    "placectl_quota_limit": ("gauge", ("queue", "resource"), "A queue's quota."),
+    "placectl_quota_used": (
+        "gauge",
+        ("queue", "resource"),
+        "What a queue's placed reservations hold, per resource with a quota.",
+    ),
+}
+
+_SECONDS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 7200]
+
+
+def queue_label(queue: str) -> str:
+    return queue or NO_QUEUE
+
 
 class RayMetrics:
-    """``placectl_reservations{state}``, ``placectl_reserved_accelerators{job}``,
-    ``placectl_reserve_latency_seconds``."""
+    """:data:`METRICS`, through ``ray.util.metrics``."""
 
     def __init__(self) -> None:
-        from ray.util.metrics import Gauge, Histogram
+        from ray.util import metrics
 
-        self._reservations = Gauge(
-            "placectl_reservations", "Reservations by state.", tag_keys=("state",)
-        )
-        self._accelerators = Gauge(
-            "placectl_reserved_accelerators", "Accelerators reserved per job.", tag_keys=("job",)
-        )
-        self._latency = Histogram(
-            "placectl_reserve_latency_seconds",
-            "Time to create, place and probe a new reservation.",
-            boundaries=[0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300],
-        )
+        made = {}
+        for name, (kind, labels, text) in METRICS.items():
+            if kind == "gauge":
+                made[name] = metrics.Gauge(name, text, tag_keys=labels)
+            elif kind == "counter":
+                made[name] = metrics.Counter(name, text, tag_keys=labels)
+            else:
+                made[name] = metrics.Histogram(name, text, boundaries=_SECONDS, tag_keys=labels)
+        self._m = made
+        self._queues: set[str] = set()
+        self._quota_series: set[tuple[str, str]] = set()
 
-    def observe(self, states: dict[str, int], accelerators: dict[str, int]) -> None:
+    def observe(self, states: dict[str, int]) -> None:
         for state, n in states.items():
-            self._reservations.set(n, tags={"state": state})
-        for job, n in accelerators.items():
-            self._accelerators.set(n, tags={"job": job})
-
-    def forget(self, job: str) -> None:
-        self._accelerators.set(0, tags={"job": job})
+            self._m["placectl_reservations"].set(n, tags={"state": state})
 
     def reserve_latency(self, seconds: float) -> None:
-        self._latency.observe(seconds)
+        self._m["placectl_reserve_latency_seconds"].observe(seconds)
+
+    def event(self, event: ev.Event) -> None:
+        queue = {"queue": queue_label(event.queue)}
+        if event.kind == ev.ADMITTED:
+            self._m["placectl_admission_wait_seconds"].observe(event.seconds, tags=queue)
+        elif event.kind == ev.REPAIRED:
+            cause = {"cause": event.cause or ev.OTHER}
+            self._m["placectl_repairs_total"].inc(1, tags=cause)
+            self._m["placectl_repair_seconds"].observe(event.seconds, tags=cause)
+            if event.seconds > 0:
+                self._m["placectl_degraded_seconds_total"].inc(event.seconds, tags=queue)
+        elif event.kind == ev.MOVED:
+            self._m["placectl_drain_moves_total"].inc(1, tags=queue)
+        elif event.kind == ev.PREEMPTED:
+            self._m["placectl_preemptions_total"].inc(1, tags=queue)
+
+    def queues(self, usage: list[QueueUsage]) -> None:
+        seen, series = set(), set()
+        for u in usage:
+            queue = queue_label(u.queue)
+            seen.add(queue)
+            tags = {"queue": queue}
+            self._m["placectl_queue_depth"].set(u.queued, tags=tags)
+            self._m["placectl_queue_oldest_wait_seconds"].set(u.oldest_wait_s, tags=tags)
+            self._m["placectl_reserved_accelerators"].set(u.accelerators, tags=tags)
+            for resource, limit in u.limits.items():
+                tags = {"queue": queue, "resource": resource}
+                series.add((queue, resource))
+                self._m["placectl_quota_limit"].set(limit, tags=tags)
+                self._m["placectl_quota_used"].set(u.used.get(resource, 0.0), tags=tags)
+        for queue in self._queues - seen:  # a queue gone: its gauges read 0, not stale
+            for name in ("placectl_queue_depth", "placectl_queue_oldest_wait_seconds"):
+                self._m[name].set(0, tags={"queue": queue})
+            self._m["placectl_reserved_accelerators"].set(0, tags={"queue": queue})
+        for queue, resource in self._quota_series - series:
+            tags = {"queue": queue, "resource": resource}
+            self._m["placectl_quota_limit"].set(0, tags=tags)
+            self._m["placectl_quota_used"].set(0, tags=tags)
+        self._queues, self._quota_series = seen, series

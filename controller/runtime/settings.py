@@ -57,6 +57,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Once a demand is placed and removed, Ray reports its resources free a moment later;
     # a spare is chosen only after that, waiting at most this long.
     demand_free_wait: float = 5.0
+    # The event history (`placectl events`) keeps this many events, in memory and in
+    # the GCS beside the table (a few hundred bytes each).
+    events_kept: int = 1000
 
 
 FAST = Settings(

@@ -18,19 +18,26 @@ Reads return frozen records and read-only mappings.
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import logging
 import types
 from collections.abc import Mapping
 
 import msgspec
 
 from controller.errors import ReservationError, StaleChange, UnknownReservation
+from controller.runtime.history import History
 from controller.runtime.io import Metrics
 from controller.runtime.store import Loaded, Store
+from controller.runtime.tasks import Tasks
+from controller.state.events import operator_set, quota_set
 from controller.state.published import Published
 from controller.state.records import STATES, ReservationRecord
 from controller.state.requests import check_job
 from controller.state.table import StoredPlan
+
+log = logging.getLogger("placectl.controller")
 
 
 class ReservationState:
@@ -38,12 +45,22 @@ class ReservationState:
 
     Args:
         store: the table in the GCS; every change goes through it first.
-        metrics: where the counts by state and the accelerators per job go.
+        metrics: where the counts by state go.
+        history: told every change, and written to the table a moment after it.
+        tasks: where that write runs (None: only when :meth:`write_history` is awaited).
     """
 
-    def __init__(self, store: Store, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        history: History | None = None,
+        tasks: Tasks | None = None,
+    ) -> None:
         self._store = store
         self._metrics = metrics
+        self._history = history or History(metrics)
+        self._tasks = tasks
         self._records: dict[str, ReservationRecord] = {}
         self._view = types.MappingProxyType(self._records)
         self._epochs: dict[str, int] = {}
@@ -56,6 +73,8 @@ class ReservationState:
         self._held_names: set[str] = set()  # group names and ids the records reference
         self._held_ids: set[str] = set()
         self._quotas: dict[str, dict[str, float]] = {}
+        self._operator = ""
+        self._kept_from = 0  # stored events below this number are deleted
         self._writing: set[str] = set()  # jobs whose change is being written now
         self.bytes_written = 0
 
@@ -82,9 +101,26 @@ class ReservationState:
         return res
 
     @property
+    def history(self) -> History:
+        """What happened, told by the commits (read it; it is fed here only)."""
+        return self._history
+
+    @property
     def quotas(self) -> Mapping[str, Mapping[str, float]]:
         """Each queue's quota: resource -> most its admitted reservations may hold."""
         return types.MappingProxyType(self._quotas)
+
+    @property
+    def operator(self) -> str:
+        """The hash of the operator's token ("" when none is set)."""
+        return self._operator
+
+    async def set_operator(self, hashed: str) -> None:
+        """Store the hash of the operator's token (written to the table first)."""
+        await self._store.write_operator(hashed)
+        self._operator = hashed
+        self._history.add(operator_set(hashed))
+        self._write_history_soon()
 
     async def set_quota(self, queue: str, limits: dict[str, float]) -> None:
         """Store a queue's quota (written to the table first); empty removes it."""
@@ -93,6 +129,8 @@ class ReservationState:
             self._quotas[queue] = dict(limits)
         else:
             self._quotas.pop(queue, None)
+        self._history.add(quota_set(queue, limits))
+        self._write_history_soon()
 
     def epoch(self, job: str) -> int:
         """The highest epoch ``job`` ever had (kept after a release)."""
@@ -182,6 +220,8 @@ class ReservationState:
             self._encoded.pop(job, None)
         self._index(job, old, record)
         self._account(old, record)
+        self._history.changed(old, record)
+        self._write_history_soon()
 
     def _check_base(self, job: str, base: ReservationRecord | None) -> None:
         current = self._records.get(job)
@@ -211,7 +251,41 @@ class ReservationState:
         self._encoded.pop(job, None)
         self._index(job, old, None)
         self._account(old, None)
-        self._metrics.forget(job)
+        if old is not None:
+            self._history.changed(old, None)
+            self._write_history_soon()
+
+    # ------------------------------------------------------------ history
+    def _write_history_soon(self) -> None:
+        if self._tasks is not None:
+            self._tasks.start("history", "write", self._write_history_until_done())
+
+    async def _write_history_until_done(self) -> None:
+        await asyncio.sleep(0)  # the events of one change go out together
+        while True:
+            try:
+                if not await self.write_history():
+                    return
+            except Exception as e:
+                log.warning("writing the event history failed (%s); retrying", e)
+                await asyncio.sleep(1.0)
+
+    async def write_history(self) -> bool:
+        """Write the events not written yet and delete those no longer kept; False when
+        there was nothing to write."""
+        batch = self._history.unwritten()
+        if not batch:
+            return False
+        try:
+            await self._store.write_events(batch)
+        except BaseException:
+            self._history.unwrite(batch)
+            raise
+        keep_from = batch[-1].seq - self._history.limit + 1
+        if keep_from > self._kept_from:
+            await self._store.delete_events(keep_from)
+            self._kept_from = keep_from
+        return True
 
     async def drop_components(self, job: str, components: list[str]) -> None:
         """Delete the stored assignments of components ``job`` no longer has."""
@@ -228,6 +302,7 @@ class ReservationState:
         self._records.update(loaded.records)
         self._epochs = dict(loaded.epochs)
         self._quotas = {q: dict(v) for q, v in loaded.quotas.items()}
+        self._operator = loaded.operator
         for cache in (self._plans, self._published, self._encoded, self._by_node):
             cache.clear()
         self._held_names.clear()
@@ -237,7 +312,8 @@ class ReservationState:
         for job, res in self._records.items():
             self._index(job, None, res)
             self._account(None, res, report=False)
-        self._metrics.observe(self._states, {j: r.accelerators() for j, r in self._records.items()})
+        self._metrics.observe(self._states)
+        self._history.restore(*await self._store.load_events())
         return loaded
 
     # ------------------------------------------------------------ derived
@@ -274,5 +350,4 @@ class ReservationState:
                     if held[port] <= 0:
                         del held[port]
         if report:
-            accelerators = {new.job: new.accelerators()} if new is not None else {}
-            self._metrics.observe(self._states, accelerators)
+            self._metrics.observe(self._states)

@@ -9,13 +9,16 @@ import msgspec
 
 from controller.errors import PersistenceError, TableUnreadable
 from controller.runtime.io import ClusterIO
+from controller.state.events import Event
 from controller.state.published import ComponentBlock, Published
 from controller.state.records import ReservationRecord
 from controller.state.table import (
     EPOCH,
+    EVENT,
     LEGACY_BACKUP,
     LEGACY_KEY,
     META,
+    OPERATOR,
     PLAN,
     QUOTA,
     RECORD,
@@ -24,6 +27,7 @@ from controller.state.table import (
     component_key,
     decode,
     encode,
+    event_key,
     job_of,
     key,
     meta_bytes,
@@ -31,6 +35,13 @@ from controller.state.table import (
 )
 
 log = logging.getLogger("placectl.controller")
+
+
+def _seq_of(k: bytes) -> int:
+    tail = k[len(EVENT) :]
+    return int(tail) if tail.isdigit() else 0
+
+
 MAX_PROBLEMS_SHOWN = 3
 
 
@@ -39,6 +50,7 @@ class Loaded(msgspec.Struct):
     epochs: dict[str, int]
     migrated: int = 0
     quotas: dict[str, dict[str, float]] = {}
+    operator: str = ""  # the hash of the operator's token ("" when none is set)
 
 
 class Store:
@@ -106,7 +118,9 @@ class Store:
         quotas = {}
         for k, v in (await self.io.kv_multi_get(await self.io.kv_keys(QUOTA))).items():
             quotas[job_of(k, QUOTA)] = decode(v, dict[str, float], f"quota {k.decode()!r}")
-        return Loaded(records, epochs, migrated, quotas)
+        stored = await self.io.kv_get(OPERATOR)
+        operator = decode(stored, str, "operator token hash") if stored is not None else ""
+        return Loaded(records, epochs, migrated, quotas, operator)
 
     async def _migrate(self, legacy: bytes) -> int:
         migrated = migrate_v1(legacy)  # TableUnreadable if it is not a format-1 table
@@ -171,6 +185,37 @@ class Store:
             await self._put(key(QUOTA, queue), encode(limits))
         else:
             await self._delete(key(QUOTA, queue))
+
+    async def write_operator(self, hashed: str) -> None:
+        """Store the hash of the operator's token."""
+        await self._put(OPERATOR, encode(hashed))
+
+    async def write_events(self, events: list[Event]) -> None:
+        """Write events of the history (each under its number)."""
+        for event in events:
+            await self._put(event_key(event.seq), encode(event))
+
+    async def delete_events(self, below: int) -> int:
+        """Delete the stored events numbered below ``below``; returns how many."""
+        old = [k for k in await self.io.kv_keys(EVENT) if _seq_of(k) < below]
+        for k in old:
+            await self._delete(k)
+        return len(old)
+
+    async def load_events(self) -> tuple[list[Event], int]:
+        """The stored history, oldest first, and the highest number stored. An event
+        that cannot be decoded (a newer placectl's) is skipped: history never stops a
+        controller from starting."""
+        keys = sorted(await self.io.kv_keys(EVENT))
+        data = await self.io.kv_multi_get(keys) if keys else {}
+        events = []
+        for k, v in data.items():
+            try:
+                events.append(msgspec.msgpack.decode(v, type=Event))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                log.warning("skipping the unreadable event %r", k)
+        events.sort(key=lambda e: e.seq)
+        return events, max((_seq_of(k) for k in keys), default=0)
 
     async def delete_components(self, job: str, components: list[str]) -> None:
         """Remove the stored assignments of components a record no longer has."""

@@ -42,6 +42,8 @@ LEGACY_KEY = b"reservations"
 LEGACY_BACKUP = b"reservations.v1-migrated"
 RECORD, PLAN, ASSIGNMENTS, EPOCH = b"res/", b"plan/", b"asg/", b"epoch/"
 QUOTA = b"quota/"  # + queue name: {resource: limit}
+EVENT = b"event/"  # + seq, zero-padded so that keys sort in order: one Event
+OPERATOR = b"operator"  # the hash of the operator's token, who may change quotas
 T = TypeVar("T")
 
 
@@ -66,6 +68,10 @@ def where(controller_name: str) -> str:
 
 def key(prefix: bytes, job: str) -> bytes:
     return prefix + job.encode()
+
+
+def event_key(seq: int) -> bytes:
+    return EVENT + f"{seq:012d}".encode()
 
 
 def component_key(job: str, component: str) -> bytes:

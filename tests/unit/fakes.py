@@ -15,7 +15,7 @@ from controller.runtime.settings import FAST, Settings
 from controller.state.assignments import Assignment
 from controller.state.records import ReservationRecord
 from controller.state.status import ReservationInfo
-from controller.state.table import RECORD, key
+from controller.state.table import EVENT, RECORD, key
 
 
 def cluster(gpu_nodes: int = 3, gpus: int = 4, **node) -> FakeCluster:
@@ -78,6 +78,12 @@ def published(fake: FakeCluster, job: str) -> _Blocks | None:
         blocks[c] = msgspec.msgpack.decode(data, type=ComponentBlock)
     first = next(iter(blocks.values()))
     return _Blocks({c: b.assignments() for c, b in blocks.items()}, first.uid, first.epoch)
+
+
+def table(fake: FakeCluster) -> dict[bytes, bytes]:
+    """The reservation table as stored, without the event history (written a moment
+    after each change, so a snapshot may or may not hold the newest events)."""
+    return {k: v for k, v in fake.kv.items() if not k.startswith(EVENT)}
 
 
 def live_groups(fake: FakeCluster) -> set[str]:

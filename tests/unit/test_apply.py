@@ -21,6 +21,7 @@ from tests.unit.fakes import (
     published,
     run,
     stored,
+    table,
     table_groups,
     until,
 )
@@ -105,12 +106,12 @@ def test_dry_run_and_the_same_spec_change_nothing():
         fake = cluster()
         ctl = await controller(fake)
         await ctl.reserve("j", conf(actor="0-3"), 5)
-        before = dict(fake.kv)
+        before = table(fake)
         plan = summary(await ctl.apply("j", conf(actor="0-7"), 5, True))
         assert not plan.applied and plan.components[0].starts == [4, 5, 6, 7]
-        assert fake.kv == before
+        assert table(fake) == before
         again = summary(await ctl.apply("j", conf(actor="0-3"), 5))
-        assert again.epoch == 1 and "already" in again.note and fake.kv == before
+        assert again.epoch == 1 and "already" in again.note and table(fake) == before
         await ctl.stop()
 
     run(go())
@@ -123,14 +124,14 @@ def test_an_apply_that_cannot_be_placed_leaves_the_reservation_as_it_was():
         spec4 = {"num_nodes": 4, "component_placement": {"actor": "0-3"}}
         await ctl.reserve("j", spec4, 5)
         await ctl.reserve("other", {"num_nodes": 4, "component_placement": {"x": "8-11"}}, 5)
-        before, groups = dict(fake.kv), live_groups(fake)
+        before, groups = table(fake), live_groups(fake)
         grown = {"num_nodes": 4, "component_placement": {"actor": "0-11"}}
         with pytest.raises(ReservationTimeout, match="needs"):
             await ctl.apply("j", grown, 0.3)
-        assert fake.kv == before and live_groups(fake) == groups
+        assert table(fake) == before and live_groups(fake) == groups
         with pytest.raises(PlacementError):  # more GPUs than the cluster has at all
             await ctl.apply("j", {"num_nodes": 4, "component_placement": {"actor": "0-99"}}, 1)
-        assert fake.kv == before and live_groups(fake) == groups
+        assert table(fake) == before and live_groups(fake) == groups
         await ctl.stop()
 
     run(go())
@@ -366,12 +367,12 @@ def test_an_apply_that_can_never_fit_beside_what_it_keeps_is_refused_at_once():
         fake = cluster(gpu_nodes=2, gpus=4)
         ctl = await controller(fake)
         await ctl.reserve("j", conf(actor="0-3"), 5)
-        before, groups = dict(fake.kv), live_groups(fake)
+        before, groups = table(fake), live_groups(fake)
         more = conf(actor="0-3", reward={"node_group": "node", "placement": "1"})
         for dry_run in (True, False):
             with pytest.raises(ReservationInfeasible, match="would need CPU 5; it has CPU 4"):
                 await ctl.apply("j", more, 30, dry_run)
-        assert fake.kv == before and live_groups(fake) == groups
+        assert table(fake) == before and live_groups(fake) == groups
         await ctl.apply("j", conf(actor="0-2", reward={"node_group": "node", "placement": "1"}), 5)
         assert stored(fake, "j").epoch == 2  # one GPU fewer leaves room for it
         await ctl.stop()

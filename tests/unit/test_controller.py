@@ -30,6 +30,7 @@ from tests.unit.fakes import (
     run,
     spec,
     stored,
+    table,
     table_groups,
     until,
     write_v1,
@@ -468,7 +469,7 @@ def test_bad_input_never_changes_state():
         fake = cluster()
         ctl = await controller(fake)
         await ctl.reserve("steady", spec("0-1"), 5)
-        before = dict(fake.kv)
+        before = table(fake)
         for call in (
             ctl.reserve("x" * 200, spec("0"), 1),
             ctl.reserve("y", 42, 1),
@@ -486,7 +487,7 @@ def test_bad_input_never_changes_state():
             with pytest.raises(ReservationError.__mro__[1]) as e:  # PlacementError
                 await call
             assert "\n" not in str(e.value)
-        assert fake.kv == before
+        assert table(fake) == before
         await ctl.stop()
 
     run(go())

@@ -15,6 +15,7 @@ from controller.errors import (
     ReservationInfeasible,
     ReservationTimeout,
 )
+from controller.state.owners import owner_hash
 from controller.state.queueing import Entry, Holding, decide, victims
 from controller.state.status import QueueEntry
 from tests.unit.fakes import cluster, controller, info, live_groups, run, spec, stored, until
@@ -224,7 +225,8 @@ def test_a_quota_keeps_a_queue_waiting_while_the_cluster_has_room():
     async def go():
         fake = cluster(gpu_nodes=2)
         ctl = await controller(fake)
-        assert await ctl.set_quota("team", {"GPU": 4}) == {"GPU": 4.0}
+        assert await ctl.set_operator("op-token") == owner_hash("op-token")[:8]
+        assert await ctl.set_quota("team", {"GPU": 4}, token="op-token") == {"GPU": 4.0}
         assert info(await ctl.reserve("one", q("0-3"), 5, queue="team")).state == "ready"
         two = asyncio.create_task(ctl.reserve("two", q("4-7"), 10, queue="team"))
         await until(lambda: (r := stored(fake, "two")) is not None and r.state == "queued")
@@ -324,12 +326,12 @@ def test_an_apply_may_not_take_a_queue_past_its_quota():
     async def go():
         fake = cluster(gpu_nodes=2)
         ctl = await controller(fake)
-        await ctl.set_quota("team", {"GPU": 4})
+        await ctl.set_quota("team", {"GPU": 4}, force=True)
         await ctl.reserve("one", q("0-3"), 5, queue="team")
         with pytest.raises(ReservationError, match=r"queue 'team' to GPU 8 \(quota 4\)"):
             await ctl.apply("one", q("0-7"), 5)
         assert stored(fake, "one").epoch == 1  # nothing changed
-        await ctl.set_quota("team", {"GPU": 8})
+        await ctl.set_quota("team", {"GPU": 8}, force=True)
         await ctl.apply("one", q("0-7"), 5)
         assert stored(fake, "one").epoch == 2
         await ctl.stop()
