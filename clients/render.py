@@ -266,37 +266,3 @@ def render_apply(summary) -> str:
             line += f"; needs a new process group ({c.restart})"
         out.append(line)
     return "\n".join(out)
-
-
-def _age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def render_queue(entries, now: float) -> str:
-    """``placectl queue``: one line per queued reservation, next first."""
-    if not entries:
-        return "the queue is empty"
-    rows = [("#", "job", "queue", "prio", "waiting", "wants", "why")]
-    for e in entries:
-        wants = ", ".join(f"{k} {v:g}" for k, v in sorted(e.wants.items()) if k != "CPU") or "-"
-        rows.append(
-            (
-                str(e.position),
-                e.job,
-                e.queue,
-                str(e.priority),
-                _age(now - e.queued_at),
-                wants,
-                e.why,
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(6)]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r[:6], widths, strict=True)) + "  " + r[6]
-        for r in rows
-    )
