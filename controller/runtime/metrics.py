@@ -1,5 +1,5 @@
-"""The controller's metrics, exported through Ray's metrics system (Prometheus, where
-each name gains Ray's ``ray_`` prefix).
+"""The controller's metrics, exported through Ray's metrics system: in Prometheus each
+name gains Ray's ``ray_`` prefix and a counter the ``_total`` suffix (:func:`exported`).
 
 Labels are bounded by what an operator configures (queues, resources) or by placectl
 (states, causes), never by job names, so a cluster with many jobs does not grow the
@@ -39,23 +39,23 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("queue",),
         "Time from joining a queue to admission.",
     ),
-    "placectl_repairs_total": ("counter", ("cause",), "Degraded reservations made ready again."),
+    "placectl_repairs": ("counter", ("cause",), "Degraded reservations made ready again."),
     "placectl_repair_seconds": (
         "histogram",
         ("cause",),
         "Time a reservation spent degraded before its repair.",
     ),
-    "placectl_degraded_seconds_total": (
+    "placectl_degraded_seconds": (
         "counter",
         ("queue",),
         "Seconds reservations spent degraded (counted when repaired).",
     ),
-    "placectl_drain_moves_total": (
+    "placectl_drain_moves": (
         "counter",
         ("queue",),
         "Reservations moved off draining nodes before their deadline.",
     ),
-    "placectl_preemptions_total": ("counter", ("queue",), "Reservations preempted."),
+    "placectl_preemptions": ("counter", ("queue",), "Reservations preempted."),
     "placectl_quota_limit": ("gauge", ("queue", "resource"), "A queue's quota."),
     "placectl_quota_used": (
         "gauge",
@@ -65,6 +65,11 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
 }
 
 _SECONDS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 7200]
+
+
+def exported(name: str) -> str:
+    """The name Prometheus shows for ``name`` (histograms add _bucket, _sum, _count)."""
+    return "ray_" + name + ("_total" if METRICS[name][0] == "counter" else "")
 
 
 def queue_label(queue: str) -> str:
@@ -102,14 +107,14 @@ class RayMetrics:
             self._m["placectl_admission_wait_seconds"].observe(event.seconds, tags=queue)
         elif event.kind == ev.REPAIRED:
             cause = {"cause": event.cause or ev.OTHER}
-            self._m["placectl_repairs_total"].inc(1, tags=cause)
+            self._m["placectl_repairs"].inc(1, tags=cause)
             self._m["placectl_repair_seconds"].observe(event.seconds, tags=cause)
             if event.seconds > 0:
-                self._m["placectl_degraded_seconds_total"].inc(event.seconds, tags=queue)
+                self._m["placectl_degraded_seconds"].inc(event.seconds, tags=queue)
         elif event.kind == ev.MOVED:
-            self._m["placectl_drain_moves_total"].inc(1, tags=queue)
+            self._m["placectl_drain_moves"].inc(1, tags=queue)
         elif event.kind == ev.PREEMPTED:
-            self._m["placectl_preemptions_total"].inc(1, tags=queue)
+            self._m["placectl_preemptions"].inc(1, tags=queue)
 
     def queues(self, usage: list[QueueUsage]) -> None:
         seen, series = set(), set()

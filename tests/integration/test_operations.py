@@ -1,0 +1,202 @@
+"""What an operator of a shared cluster reads, on a real local cluster: Ray's own
+Prometheus export holds every documented metric with its labels after a reservation is
+queued, admitted, preempted, loses a node abruptly and is repaired; `placectl events`
+tells the same story (whose token acted, the cause); every command's `-o json` parses and
+exit codes are as documented; `--name` reaches another controller."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+
+import pytest
+import ray
+import yaml
+from ray.cluster_utils import Cluster
+
+import clients
+from controller.runtime.metrics import METRICS, exported
+from tests.integration.conftest import GPUS_PER_NODE, wait_for
+
+OPERATOR = "operator-secret"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def metrics_cluster():
+    """Head (no GPUs) exporting metrics every second on a known port + two GPU nodes."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    port = _free_port()
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 2,
+            "num_gpus": 0,
+            "metrics_export_port": port,
+            "_system_config": {"metrics_report_interval_ms": 1000},
+        },
+    )
+    for _ in range(2):
+        c.add_node(num_cpus=GPUS_PER_NODE, num_gpus=GPUS_PER_NODE)
+    c.wait_for_nodes()
+    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
+    yield c, port
+    ray.shutdown()
+    c.shutdown()
+
+
+def cli(address: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "clients.cli", *args, "--address", address],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _scrape(port: int) -> dict[str, list[dict[str, str]]]:
+    """Each sample name of Ray's Prometheus export -> the label sets it has."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    found: dict[str, list[dict[str, str]]] = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? ", line)
+        if m and not line.startswith("#"):
+            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+            found.setdefault(m.group(1), []).append(labels)
+    return found
+
+
+def spec(placement: str) -> dict:
+    return {"num_nodes": 3, "component_placement": {"actor": placement}}
+
+
+def test_an_operator_sees_the_queue_preemption_and_an_abrupt_repair(metrics_cluster):
+    cluster, port = metrics_cluster
+    ctl = clients.connect()
+    ctl.set_operator(OPERATOR)
+    os.environ["PLACECTL_OPERATOR_TOKEN"] = OPERATOR
+    try:
+        ctl.set_quota("research", GPU=8)
+    finally:
+        del os.environ["PLACECTL_OPERATOR_TOKEN"]
+    low = ctl.reserve(
+        "low", spec("0-7"), timeout_s=120, queue="research", preemptible=True, preempt_grace_s=1
+    )
+    assert low.info.state == "ready"
+    got = {}
+
+    def vip():
+        got["vip"] = ctl.reserve("vip", spec("0-3"), timeout_s=120, queue="prod", priority=5)
+
+    thread = threading.Thread(target=vip, daemon=True)
+    thread.start()
+    thread.join(120)
+    assert got["vip"].info.state == "ready"
+    assert "low" not in [i.job for i in ctl.list()]  # taken back at its deadline
+
+    # A spare joins; vip's node dies without a word; the controller repairs on the spare.
+    cluster.add_node(num_cpus=GPUS_PER_NODE, num_gpus=GPUS_PER_NODE)
+    cluster.wait_for_nodes()
+    lost = got["vip"].info.slots[0].node_id
+    cluster.remove_node(next(n for n in cluster.list_all_nodes() if n.node_id == lost), False)
+    wait_for(lambda: (i := ctl.status("vip")).state == "ready" and i.epoch > 1, timeout=120)
+    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    assert {s.node_id for s in ctl.status("vip").slots} <= alive  # Ray's node table
+
+    told = [(e.job, e.kind) for e in ctl.events()]
+    for expected in [
+        ("", "operator"),
+        ("", "quota"),
+        ("low", "admitted"),
+        ("low", "preempted"),
+        ("low", "released"),
+        ("vip", "admitted"),
+        ("vip", "degraded"),
+        ("vip", "repaired"),
+    ]:
+        assert expected in told, (expected, told)
+    repaired = next(e for e in ctl.events("vip") if e.kind == "repaired")
+    assert repaired.cause == "node-lost" and repaired.by == "controller" and repaired.seconds > 0
+
+    wanted = {
+        "placectl_reservations": {"state": "ready"},
+        "placectl_reserved_accelerators": {"queue": "prod"},
+        "placectl_queue_depth": {"queue": "prod"},
+        "placectl_queue_oldest_wait_seconds": {"queue": "prod"},
+        "placectl_admission_wait_seconds": {"queue": "research"},
+        "placectl_repairs": {"cause": "node-lost"},
+        "placectl_repair_seconds": {"cause": "node-lost"},
+        "placectl_degraded_seconds": {"queue": "prod"},
+        "placectl_preemptions": {"queue": "research"},
+        "placectl_quota_limit": {"queue": "research", "resource": "GPU"},
+        "placectl_quota_used": {"queue": "research", "resource": "GPU"},
+        "placectl_reserve_latency_seconds": {},
+    }
+    assert set(wanted) | {"placectl_drain_moves"} == set(METRICS)  # drains: test_drains
+
+    def missing() -> list[str]:
+        found = _scrape(port)
+        out = []
+        for name, labels in wanted.items():
+            sample = exported(name) + ("_count" if METRICS[name][0] == "histogram" else "")
+            if not any(labels.items() <= s.items() for s in found.get(sample, [])):
+                out.append(f"{sample}{labels}")
+        return out
+
+    wait_for(lambda: not missing(), timeout=60, interval=1.0)
+    ctl.release_all(force=True)
+
+
+def test_every_command_prints_json_and_exits_as_documented(metrics_cluster, tmp_path):
+    cluster, _ = metrics_cluster
+    address = cluster.address
+    config = str(tmp_path / "job.yaml")
+    with open(config, "w") as f:
+        yaml.safe_dump({"cluster": {"num_nodes": 3, "component_placement": {"actor": "0-1"}}}, f)
+    env = {"PLACECTL_TOKEN": "cli-owner"}
+    for args, check in [
+        (("reserve", "clijob", config), lambda d: d["state"] == "ready"),
+        (("status",), lambda d: "clijob" in [i["job"] for i in d]),
+        (("status", "clijob"), lambda d: len(d["assignments"]["actor"]) == 2),
+        (("queue",), lambda d: d == []),
+        (("quota",), lambda d: any(u["queue"] == "" and u["accelerators"] >= 2 for u in d)),
+        (("events", "clijob"), lambda d: [e["kind"] for e in d] == ["reserved"]),
+        (("repair", "clijob"), lambda d: d["job"] == "clijob"),
+        (("release", "clijob"), lambda d: d == {"released": ["clijob"]}),
+    ]:
+        out = cli(address, *args, "-o", "json", env=env)
+        assert out.returncode == 0, (args, out.stderr)
+        assert check(json.loads(out.stdout)), (args, out.stdout)
+    as_yaml = cli(address, "events", "clijob", "-o", "yaml")
+    kinds = [e["kind"] for e in yaml.safe_load(as_yaml.stdout)]
+    assert kinds == ["reserved", "releasing", "released"]
+    by = {e["by"] for e in yaml.safe_load(as_yaml.stdout)}
+    assert len(by) == 1 and by.pop().startswith("client ")  # the CLI's token, not anyone
+
+    for args, code, words in [
+        (("release", "--all"), 2, "add --force"),
+        (("status", "nosuch"), 3, "no reservation named 'nosuch'"),
+        (("quota", "research", "GPU=1"), 4, "operator's token"),
+        (("--name", "elsewhere", "status"), 2, "no placectl controller named 'elsewhere'"),
+    ]:
+        out = cli(address, *args)
+        assert out.returncode == code and words in out.stderr, (args, out.returncode, out.stderr)
+
+    other = cli(address, "--name", "other", "start", "-o", "json")
+    assert other.returncode == 0 and json.loads(other.stdout)["controller"] == "other"
+    listed = cli(address, "--name", "other", "status", "-o", "json")
+    assert json.loads(listed.stdout) == []
+    assert cli(address, "--name", "other", "stop").returncode == 0
