@@ -106,7 +106,7 @@ class Chaos:
         self.faults: Counter = Counter()
         self.violations: list[str] = []
         self.replaced = 0  # slot replacements seen (epoch increases)
-        self.ctl.set_quota("chaos", GPU=QUOTA)
+        self.ctl.set_quota("chaos", force=True, GPU=QUOTA)
         self.waiting: dict[str, subprocess.Popen] = {}
         self.touched: set[str] = set()  # jobs this step released or replaced
         self.placed: dict[str, bool] = {}  # placed at the last check: preemptible?

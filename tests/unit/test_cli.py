@@ -259,3 +259,39 @@ def test_a_bad_configuration_exits_2_with_one_line(capsys, tmp_path):
     bad.write_text("cluster:\n  num_nodes: 2\n  component_placement:\n    actor: 4-1\n")
     code, _, err = run(capsys, "plan", str(bad), "--gpus-per-node", "8")
     assert code == 2 and err.count("\n") == 1 and "4-1" in err
+
+
+def test_plan_yaml_is_the_same_document_as_its_json(capsys):
+    import yaml
+
+    args = ("plan", str(EXAMPLES / "disaggregated.yaml"), "--gpus-per-node", "8")
+    _, as_json, _ = run(capsys, *args, "-o", "json")
+    code, as_yaml, err = run(capsys, *args, "-o", "yaml")
+    assert code == 0, err
+    assert yaml.safe_load(as_yaml) == json.loads(as_json)
+
+
+def test_an_unknown_output_format_is_refused_with_the_allowed_ones(capsys):
+    code, _, err = run(capsys, "plan", str(EXAMPLES / "colocated.yaml"), "-o", "xml")
+    assert code == 2 and "'xml' is not one of 'table', 'json', 'yaml'" in err
+
+
+def test_watch_redraws_a_terminal_and_appends_when_piped(monkeypatch, capsys):
+    from clients.cli import app
+
+    frames = iter(["one", "one", "two"])
+
+    def show():
+        try:
+            return next(frames)
+        except StopIteration:
+            raise KeyboardInterrupt from None  # Ctrl-C ends a watch without an error
+
+    monkeypatch.setattr(app.time, "sleep", lambda s: None)
+    monkeypatch.setattr(app.sys.stdout, "isatty", lambda: True)
+    app.watch(show, 1.0, "table")
+    out = capsys.readouterr().out
+    assert out.count("\x1b[2J") == 2 and out.count("Ctrl-C ends") == 2  # drawn twice
+    frames = iter(['{"a": 1}', '{"a": 2}'])
+    app.watch(show, 1.0, "json")
+    assert capsys.readouterr().out.splitlines() == ['{"a": 1}', '{"a": 2}']  # one per line

@@ -97,3 +97,23 @@ def test_every_placectl_command_and_option_a_page_shows_exists(page):
                 if option not in known:
                     bad.append(f"placectl {name} {option}")
     assert bad == []
+
+
+def test_the_metrics_page_lists_every_metric_as_exported_with_its_labels():
+    from controller.runtime.metrics import METRICS, exported
+
+    page = text(ROOT / "docs" / "operations" / "metrics.md")
+    rows = {
+        cells[1].strip("` "): cells
+        for line in page.splitlines()
+        if line.startswith("| `ray_") and (cells := line.split("|"))
+    }
+    assert set(rows) == {exported(name) for name in METRICS}
+    for name, (kind, labels, _) in METRICS.items():
+        row = rows[exported(name)]
+        assert row[2].strip() == kind
+        assert [label.strip("` ") for label in row[3].split(",") if label.strip()] == list(labels)
+    named = set(re.findall(r"ray_placectl_[a-z_]+", "\n".join(text(p) for p in PAGES)))
+    suffixes = ("_bucket", "_sum", "_count")
+    known = {exported(n) + s for n in METRICS for s in ("", *suffixes)}
+    assert named - known == set()
