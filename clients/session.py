@@ -11,6 +11,7 @@ import msgspec
 import ray
 
 from clients.changes import ChangeClient, unwrap
+from clients.driver_table import RayTable
 from clients.owner_token import resolve_token
 from clients.queue import QueueClient
 from clients.reservation import Reservation
@@ -21,15 +22,12 @@ from controller.errors import (
     TableUnreadable,
     UnknownReservation,
 )
-from controller.runtime import gcs_wait
 from controller.runtime.io import HEAD_RESOURCE
-from controller.runtime.ray_gcs import gcs_unavailable
 from controller.state.published import ComponentBlock
 from controller.state.records import AUTO, ReservationRecord
 from controller.state.requests import check_job
 from controller.state.status import ReservationInfo
 from controller.state.table import (
-    KV_NAMESPACE,
     LEGACY_KEY,
     META,
     RECORD,
@@ -37,7 +35,6 @@ from controller.state.table import (
     component_key,
     decode,
     key,
-    kv_prefix,
 )
 
 DEFAULT_NAME = "placectl"
@@ -110,61 +107,6 @@ def connect(
     return ctl
 
 
-class RayTable:
-    """What a driver reads from the GCS: a controller's table in the key-value store,
-    and which nodes Ray reports dead. Unit tests give a :class:`Controller` another
-    object with these three methods (``clients.testing.fake_table.DriverTable``).
-
-    While the GCS is away (the head restarting) every read waits for it, saying so on
-    ``say`` (default stderr), up to :func:`controller.runtime.gcs_wait.bound_s`; then it
-    raises :class:`~controller.errors.ClusterUnavailable`.
-    """
-
-    def __init__(self, controller_name: str, say: Callable[[str], None] | None = None) -> None:
-        self._prefix = kv_prefix(controller_name)
-        self._ns = KV_NAMESPACE.encode() if isinstance(KV_NAMESPACE, str) else KV_NAMESPACE
-        self._say = say or (lambda m: print(f"placectl: {m}", file=sys.stderr, flush=True))
-
-    @staticmethod
-    def _gcs():
-        return ray._private.worker.global_worker.gcs_client
-
-    def get(self, k: bytes) -> bytes | None:
-        full = self._prefix + k
-        return gcs_wait.retry(
-            lambda t: self._gcs().internal_kv_get(full, self._ns, timeout=t),
-            "reading the reservation table",
-            self._say,
-            gcs_unavailable,
-        )
-
-    def keys(self, prefix: bytes) -> list[bytes]:
-        full = self._prefix + prefix
-        found = gcs_wait.retry(
-            lambda t: self._gcs().internal_kv_keys(full, self._ns, timeout=t),
-            "reading the reservation table",
-            self._say,
-            gcs_unavailable,
-        )
-        return [k[len(self._prefix) :] for k in found]
-
-    def dead_nodes(self, node_ids: list[str]) -> set[str]:
-        """Those of ``node_ids`` Ray reports dead or does not know: one GCS round trip
-        that asks about these nodes only, whatever the cluster's size."""
-        if not node_ids:
-            return set()
-        from ray._raylet import NodeID
-
-        wanted = [NodeID.from_hex(n) for n in node_ids]
-        alive = gcs_wait.retry(
-            lambda t: self._gcs().check_alive(wanted, t),
-            "asking which nodes are alive",
-            self._say,
-            gcs_unavailable,
-        )
-        return {n for n, up in zip(node_ids, alive, strict=True) if not up}
-
-
 class Controller(ChangeClient, QueueClient):
     """A driver's handle to the controller. Mutations are calls to the actor; reads of a
     reservation go straight to the table in the GCS."""
@@ -201,14 +143,34 @@ class Controller(ChangeClient, QueueClient):
     def call(self, method: str, *args: Any, timeout: float | None = None, **kw: Any) -> Any:
         """Call one of the controller actor's methods and wait; a PlacementError it
         raises is raised here as itself."""
-        ref = getattr(self._actor(), method).remote(*args, **kw)
-        out = unwrap(lambda: ray.get(ref, timeout=timeout))
+        try:
+            out = self._call_once(method, args, kw, timeout)
+        except ray.exceptions.ActorDiedError:
+            if not self._found_anew():
+                raise
+            out = self._call_once(method, args, kw, timeout)  # calls are idempotent
         if not self._version_checked:  # once per client, after its first call answered
             self._version_checked = True
             with contextlib.suppress(Exception):  # a check, never a reason for a call to fail
                 health = out if method == "health" else self.call("health")
                 warn_if_versions_differ(health.get("version", "unknown"))
         return out
+
+    def _call_once(self, method: str, args: tuple, kw: dict, timeout: float | None) -> Any:
+        ref = getattr(self._actor(), method).remote(*args, **kw)
+        return unwrap(lambda: ray.get(ref, timeout=timeout))
+
+    def _found_anew(self) -> bool:
+        """The controller this handle named was stopped and another started under its
+        name (an upgrade: `placectl stop`, `placectl start`): use the new one."""
+        try:
+            new = ray.get_actor(self.name, namespace=self.namespace)
+        except ValueError:
+            return False
+        if self.handle is not None and new._actor_id == self.handle._actor_id:
+            return False
+        self.handle = new
+        return True
 
     def check_alive(self) -> str:
         """Round-trip to the controller; returns its incarnation id (new on each restart)."""
@@ -371,8 +333,11 @@ class Controller(ChangeClient, QueueClient):
         return _INFO.decode(self.call("repair", job, self.token, force))
 
     def stop(self) -> None:
-        """Kill the controller actor. Reservations and their groups stay; a new
-        controller picks them up from the table."""
+        """Stop the controller actor (its loop ends and its last events are written,
+        then the actor is killed). Reservations and their groups stay; a new controller
+        picks them up from the table."""
+        with contextlib.suppress(Exception):  # a controller that does not answer is killed
+            ray.get(self._actor().stop.remote(), timeout=10)
         ray.kill(self._actor(), no_restart=True)
 
 

@@ -7,7 +7,7 @@ from controller.runtime.fake import FakeCluster
 
 
 class DriverTable:
-    """The fake cluster as a driver reads it: ``clients.session.RayTable``'s interface."""
+    """The fake cluster as a driver reads it: ``clients.driver_table.RayTable``'s interface."""
 
     def __init__(self, fake: FakeCluster) -> None:
         self.fake = fake

@@ -17,7 +17,7 @@ import ray
 from ray.util.placement_group import placement_group_table
 
 import clients
-from clients.session import RayTable
+from clients.driver_table import RayTable
 from clients.testing.head import FaultTolerantCluster, restartable_cluster
 from controller.errors import ClusterUnavailable
 from tests.integration.conftest import placectl_cli, wait_for

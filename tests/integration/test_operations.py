@@ -200,3 +200,42 @@ def test_every_command_prints_json_and_exits_as_documented(metrics_cluster, tmp_
     listed = cli(address, "--name", "other", "status", "-o", "json")
     assert json.loads(listed.stdout) == []
     assert cli(address, "--name", "other", "stop").returncode == 0
+
+
+class Pid:
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_the_upgrade_procedure_keeps_reservations_workers_history_and_quotas(metrics_cluster):
+    """docs/operations/upgrades.md, steps 2 and 3, as written: `placectl stop`, then
+    `placectl start` over the same table (the same version here: the table's migration
+    from an older format is test_lifecycle's)."""
+    cluster, _ = metrics_cluster
+    ctl = clients.connect()
+    ctl.set_quota("kept-queue", force=True, GPU=4)
+    res = ctl.reserve("kept", spec("0-1"), timeout_s=120)
+    group = clients.WorkerGroup.launch(res, "actor", Pid)
+    pids = group.execute("pid")
+    seqs = [e.seq for e in ctl.events()]
+    assert cli(cluster.address, "stop").returncode == 0
+
+    def gone() -> bool:
+        try:
+            ray.get_actor("placectl", namespace="placectl")
+            return False
+        except ValueError:
+            return True
+
+    wait_for(gone, timeout=60)
+    started = cli(cluster.address, "start")
+    assert started.returncode == 0, started.stderr
+    after = ctl.status("kept")
+    assert (after.state, after.uid, after.epoch) == ("ready", res.info.uid, res.info.epoch)
+    table = ray.util.placement_group_table()
+    assert {table[s.group_id]["state"] for s in after.slots} == {"CREATED"}  # Ray's table
+    assert group.execute("pid") == pids  # the same worker processes, untouched
+    assert [e.seq for e in ctl.events()][: len(seqs)] == seqs  # the history, all of it
+    assert ctl.quotas()["kept-queue"] == {"GPU": 4.0}
+    ctl.release("kept")
+    assert ctl.events("kept")[-1].seq > seqs[-1]  # numbered on after the restart

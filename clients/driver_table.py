@@ -1,0 +1,71 @@
+"""What a driver reads of a controller straight from the GCS: its table in the key-value
+store, and which nodes Ray reports dead (reads need no call to the controller)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import ray
+
+from controller.runtime import gcs_wait
+from controller.runtime.ray_gcs import gcs_unavailable
+from controller.state.table import KV_NAMESPACE, kv_prefix
+
+
+class RayTable:
+    """What a driver reads from the GCS: a controller's table in the key-value store,
+    and which nodes Ray reports dead. Unit tests give a :class:`Controller` another
+    object with these three methods (``clients.testing.fake_table.DriverTable``).
+
+    While the GCS is away (the head restarting) every read waits for it, saying so on
+    ``say`` (default stderr), up to :func:`controller.runtime.gcs_wait.bound_s`; then it
+    raises :class:`~controller.errors.ClusterUnavailable`.
+    """
+
+    def __init__(self, controller_name: str, say: Callable[[str], None] | None = None) -> None:
+        self._prefix = kv_prefix(controller_name)
+        self._ns = KV_NAMESPACE.encode() if isinstance(KV_NAMESPACE, str) else KV_NAMESPACE
+        self._say = say or (lambda m: print(f"placectl: {m}", file=sys.stderr, flush=True))
+
+    @staticmethod
+    def _gcs():
+        return ray._private.worker.global_worker.gcs_client
+
+    def get(self, k: bytes) -> bytes | None:
+        full = self._prefix + k
+        return gcs_wait.retry(
+            lambda t: self._gcs().internal_kv_get(full, self._ns, timeout=t),
+            "reading the reservation table",
+            self._say,
+            gcs_unavailable,
+        )
+
+    def keys(self, prefix: bytes) -> list[bytes]:
+        full = self._prefix + prefix
+        found = gcs_wait.retry(
+            lambda t: self._gcs().internal_kv_keys(full, self._ns, timeout=t),
+            "reading the reservation table",
+            self._say,
+            gcs_unavailable,
+        )
+        return [k[len(self._prefix) :] for k in found]
+
+    def dead_nodes(self, node_ids: list[str]) -> set[str]:
+        """Those of ``node_ids`` Ray reports dead or does not know: one GCS round trip
+        that asks about these nodes only, whatever the cluster's size."""
+        if not node_ids:
+            return set()
+        from ray._raylet import NodeID
+
+        wanted = [NodeID.from_hex(n) for n in node_ids]
+        alive = gcs_wait.retry(
+            lambda t: self._gcs().check_alive(wanted, t),
+            "asking which nodes are alive",
+            self._say,
+            gcs_unavailable,
+        )
+        return {n for n, up in zip(node_ids, alive, strict=True) if not up}
+
+
+__all__ = ["RayTable"]
