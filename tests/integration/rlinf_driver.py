@@ -95,6 +95,17 @@ def _gloo_without_nccl() -> None:
         AcceleratorUtil.CCL_SUPPORT_LIST.remove(AcceleratorType.NV_GPU)
 
 
+def _recipe() -> str:
+    import pathlib
+    import re
+
+    page = pathlib.Path(__file__).resolve().parents[2] / "docs" / "guides" / "rlinf.md"
+    found = re.search(r"```python\n# recipe: rlinf-node-loss\n(.*?)```", page.read_text(), re.S)
+    if found is None:
+        raise SystemExit("docs/guides/rlinf.md lost its node-loss recipe")
+    return found.group(1)
+
+
 def _timeout():
     import datetime
 
@@ -116,18 +127,27 @@ def main(argv: list[str]) -> int:
 
         def strategy(name):
             return placement.get_strategy(name)
-    else:
-        from clients.integrations.rlinf import ReservedCluster
 
-        cluster = ReservedCluster(job, cluster_cfg=cfg.cluster)
-        strategy = cluster.get_strategy
-    t_cluster = time.monotonic() - t0
     names = [c.strip() for key in cfg.cluster.component_placement for c in str(key).split(",")]
-    groups = {}
-    for name in names:
-        groups[name] = Probe.create_group().launch(
-            cluster, placement_strategy=strategy(name), name=f"{job}-{name}"
-        )
+    if own:
+        t_cluster = time.monotonic() - t0
+        groups = {}
+        for name in names:
+            groups[name] = Probe.create_group().launch(
+                cluster, placement_strategy=strategy(name), name=f"{job}-{name}"
+            )
+    else:  # the node-loss recipe of docs/guides/rlinf.md, as written there
+        up: list[float] = []
+
+        class Timed(Probe):  # the cluster is up when the recipe creates its first group
+            @classmethod
+            def create_group(cls, *args, **kwargs):
+                up.append(time.monotonic() - t0)
+                return Probe.create_group(*args, **kwargs)
+
+        scope = {"job": job, "cfg": cfg, "names": names, "Worker": Timed}
+        exec(compile(_recipe(), "docs/guides/rlinf.md recipe rlinf-node-loss", "exec"), scope)
+        groups, t_cluster = scope["groups"], up[0]
     facts = {name: g.facts().wait() for name, g in groups.items()}
     t_launch = time.monotonic() - t0
     sums = {name: g.gloo_sum().wait() for name, g in groups.items()}
