@@ -152,6 +152,7 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
         self._refusal: str | None = None
         self._recovery_problem = ""
         self._recovered = asyncio.Event()
+        self._reported = float("-inf")
         self._tasks.start("loop", name, self._run())
 
     # ------------------------------------------------------------ for tests, benchmarks
@@ -202,7 +203,11 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
 
     def _report(self) -> None:
         """The gauges that move with time (how long the oldest has waited) and with
-        quotas, once a tick."""
+        quotas, every ``settings.metrics_period``."""
+        now = time.monotonic()
+        if now - self._reported < self.settings.metrics_period:
+            return
+        self._reported = now
         records = self._state.records.values()
         self._io.metrics.queues(usage(records, self._state.quotas, time.time()))
 

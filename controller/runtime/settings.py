@@ -60,6 +60,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # The event history (`placectl events`) keeps this many events, in memory and in
     # the GCS beside the table (a few hundred bytes each).
     events_kept: int = 1000
+    # How often the queue and quota gauges are computed (a pass over every record); Ray
+    # exports metrics every few seconds anyway.
+    metrics_period: float = 5.0
 
 
 FAST = Settings(
@@ -79,5 +82,6 @@ FAST = Settings(
     liveness_timeout=0.01,
     refused_confirm=0.0,
     fence_after=0.05,
+    metrics_period=0.01,
 )
 """Settings for unit tests on the fake cluster, where nothing takes real time."""

@@ -74,7 +74,7 @@ class ReservationState:
         self._held_ids: set[str] = set()
         self._quotas: dict[str, dict[str, float]] = {}
         self._operator = ""
-        self._kept_from = 0  # stored events below this number are deleted
+        self._kept_from = 1  # the lowest event number that may still be stored
         self._writing: set[str] = set()  # jobs whose change is being written now
         self.bytes_written = 0
 
@@ -283,7 +283,7 @@ class ReservationState:
             raise
         keep_from = batch[-1].seq - self._history.limit + 1
         if keep_from > self._kept_from:
-            await self._store.delete_events(keep_from)
+            await self._store.delete_events(self._kept_from, keep_from)
             self._kept_from = keep_from
         return True
 
@@ -313,7 +313,9 @@ class ReservationState:
             self._index(job, None, res)
             self._account(None, res, report=False)
         self._metrics.observe(self._states)
-        self._history.restore(*await self._store.load_events())
+        events, highest, lowest = await self._store.load_events()
+        self._history.restore(events, highest)
+        self._kept_from = lowest
         return loaded
 
     # ------------------------------------------------------------ derived

@@ -195,15 +195,15 @@ class Store:
         for event in events:
             await self._put(event_key(event.seq), encode(event))
 
-    async def delete_events(self, below: int) -> int:
-        """Delete the stored events numbered below ``below``; returns how many."""
-        old = [k for k in await self.io.kv_keys(EVENT) if _seq_of(k) < below]
-        for k in old:
-            await self._delete(k)
-        return len(old)
+    async def delete_events(self, first: int, below: int) -> None:
+        """Delete the stored events numbered ``first`` up to ``below`` (excluded), by key:
+        no listing, so trimming the history costs what it deletes."""
+        for seq in range(max(first, 1), below):
+            await self._delete(event_key(seq))
 
-    async def load_events(self) -> tuple[list[Event], int]:
-        """The stored history, oldest first, and the highest number stored. An event
+    async def load_events(self) -> tuple[list[Event], int, int]:
+        """The stored history, oldest first, and the highest and lowest numbers stored
+        (0, 1 when none is). An event
         that cannot be decoded (a newer placectl's) is skipped: history never stops a
         controller from starting."""
         keys = sorted(await self.io.kv_keys(EVENT))
@@ -215,7 +215,8 @@ class Store:
             except (msgspec.DecodeError, msgspec.ValidationError):
                 log.warning("skipping the unreadable event %r", k)
         events.sort(key=lambda e: e.seq)
-        return events, max((_seq_of(k) for k in keys), default=0)
+        seqs = [_seq_of(k) for k in keys]
+        return events, max(seqs, default=0), min(seqs, default=1)
 
     async def delete_components(self, job: str, components: list[str]) -> None:
         """Remove the stored assignments of components a record no longer has."""
