@@ -18,23 +18,7 @@ GCS fault tolerance on a Redis server this script starts,
 rewriting the table as placectl 0.1 left it (format 1) and killing the controller,
 concurrent leases under one name.
 
-Invariants, checked once the table has settled after each step:
-  * no double-booking: no (node, physical accelerator) is held by two reservations;
-  * no port leased twice on a node, and concurrent calls with one name get one lease;
-  * no leak: the placement groups named by this controller are exactly those the
-    reservation table references;
-  * table = groups: every ready reservation's groups are CREATED, on alive nodes;
-  * stable assignments: a reservation's assignments change only when its epoch does;
-  * an apply keeps the ranks it says stay in the same group, on the same devices;
-  * nothing that is not preemptible is preempted, and no placed reservation vanishes
-    without a release of it;
-  * the queue's quota is never exceeded by its placed reservations;
-  * no node back from the dead: a hung node resumed after Ray gave it up stays dead
-    and no ready reservation holds a slot on it;
-  * a worker group's repair() relaunches exactly its dead ranks, no live one;
-  * no admission out of order: a reservation of queue "order" placed since the last
-    check never took a node that one queued before it and still waiting (of higher
-    priority, or of the same and queued earlier, and plannable on the live nodes) needs.
+Invariants, checked once the table has settled after each step: scripts/chaos_invariants.py.
 
 Usage: scripts/chaos.py [--steps 200] [--seed 1]
 Prints every operation, the faults injected, the violations found; exits 1 on any.
@@ -55,22 +39,21 @@ import time
 from collections import Counter
 
 import ray
-from ray.experimental import internal_kv
-from ray.util.placement_group import placement_group_table
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from chaos_invariants import Invariants
 from chaos_machines import MachineFaults
 
 import clients
 from clients.testing.head import FaultTolerantCluster, RedisServer
-from clients.testing.legacy import v1_table
-from controller import ComponentPlacement, PlacementError, load_spec
+from clients.testing.legacy import rewrite_as_v1, v1_table
+from controller import PlacementError, load_spec
 from controller.errors import TableUnreadable
 from controller.runtime.nodes import live_view
 from controller.runtime.ray_io import node_infos
-from controller.state.table import KV_NAMESPACE, LEGACY_KEY, kv_prefix, migrate_v1
 from controller.state.table import QUOTA as QUOTA_KEY
+from controller.state.table import migrate_v1
 
 GPUS = 4
 JOBS = ["a", "b", "c", "d"]
@@ -101,17 +84,13 @@ class Chaos:
         ray.init(address=self.cluster.address, logging_level="ERROR", log_to_driver=False)
         self.ctl = clients.connect()
         self.prefix = ray.get(self.ctl.handle.group_prefix.remote())
-        self.seen: dict[str, tuple[float, int, dict]] = {}
         self.ops: Counter = Counter()
         self.faults: Counter = Counter()
         self.violations: list[str] = []
-        self.replaced = 0  # slot replacements seen (epoch increases)
         self.ctl.set_quota("chaos", force=True, GPU=QUOTA)
         self.waiting: dict[str, subprocess.Popen] = {}
         self.touched: set[str] = set()  # jobs this step released or replaced
-        self.placed: dict[str, bool] = {}  # placed at the last check: preemptible?
-        self.preempted: set[tuple[str, str]] = set()
-        self.queued_before: set[str] = set()
+        self.invariants = Invariants(self.ctl, self.prefix, QUOTA)
         self.machines = MachineFaults(
             self.cluster, self.ctl, self.rng, self.faults, self.violations
         )
@@ -360,13 +339,9 @@ class Chaos:
             migrate_v1(data)
         except TableUnreadable:
             return False
-        prefix = kv_prefix("placectl")
-        for k in internal_kv._internal_kv_list(prefix, namespace=KV_NAMESPACE):
-            if not k.startswith(prefix + QUOTA_KEY):  # the quota stays, as if set later
-                internal_kv._internal_kv_del(k, namespace=KV_NAMESPACE)
-        internal_kv._internal_kv_put(prefix + LEGACY_KEY, data, namespace=KV_NAMESPACE)
+        rewrite_as_v1("placectl", data, keep=(QUOTA_KEY,))  # the quota stays, as if set later
         # a migrated record gets a uid of its own: compare assignments from here on
-        self.seen.clear()
+        self.invariants.forget_assignments()
         return True
 
     @staticmethod
@@ -385,148 +360,24 @@ class Chaos:
         except PlacementError:  # format 1 until the restarted controller migrates it
             return None
 
-    def snapshot(self):
-        """The table and the live groups, read together, and whether they have settled:
-        no call in flight, the groups match the table, and the controller has seen every
-        node death (a ready reservation has all its groups placed). The checks use this
-        very snapshot, so a repair that starts after it (a raylet may also die on its
-        own) cannot be mistaken for a leak."""
-        table = self.table()
-        if table is None:
-            return False, None, set()
-        live = self._live_groups()
-        ok = (
-            not any(r.state in ("pending", "releasing") or r.applying for r in table.values())
-            and live == {s.group_id for r in table.values() for s in r.slots}
-            and not self._unplaced_but_ready(table)
-        )
-        return ok, table, live
-
-    @staticmethod
-    def _unplaced_but_ready(table) -> list[str]:
-        groups = placement_group_table()
-        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        out = []
-        for r in table.values():
-            if r.state != "ready":
-                continue
-            for s in r.slots:
-                info = groups.get(s.group_id)
-                if info is None or info["state"] != "CREATED" or s.node_id not in alive:
-                    out.append(f"{r.job} is ready but its group {s.group_id} is not placed")
-        return out
-
-    def _live_groups(self) -> set[str]:
-        return {
-            gid
-            for gid, info in placement_group_table().items()
-            if info["state"] != "REMOVED" and (info.get("name") or "").startswith(self.prefix)
-        }
-
     def check(self, i: int) -> None:
-        # Let replacements that can happen, happen (a degraded one may wait for a node).
+        """Let replacements that can happen, happen (a degraded one may wait for a node),
+        then check every invariant on one snapshot of the table and the live groups."""
         deadline = time.monotonic() + 60
         while True:
-            ok, table, live = self.snapshot()
+            ok, table, live = self.invariants.snapshot(self.table())
             if ok or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         if table is None:
             self.violations.append(f"step {i}: the table was never migrated")
             return
-        bad = self._unplaced_but_ready(table)
-        held = Counter(
-            (s.node_id, b.physical_id)
-            for r in table.values()
-            for s in r.slots
-            for b in s.bundles
-            if b.kind == "accelerator"
-        )
-        bad += [f"double-booked {k}" for k, n in held.items() if n > 1]
-        ports = Counter((x.node_id, p) for r in table.values() for x in r.leases for p in x.ports)
-        bad += [f"port leased twice {k}" for k, n in ports.items() if n > 1]
-        referenced = {s.group_id for r in table.values() for s in r.slots}
-        if live != referenced:
-            bad.append(
-                f"groups {sorted(live - referenced)} leaked, {sorted(referenced - live)} missing"
-            )
-        for r in table.values():
-            if r.state == "ready":
-                res = self.ctl.reservation(r.job)
-                now = {c: res.assignments(c, allow_degraded=True) for c in res.components}
-                prev = self.seen.get(r.job)
-                if prev and prev[0] == r.created_at and prev[1] == r.epoch and prev[2] != now:
-                    bad.append(f"{r.job}: assignments changed within epoch {r.epoch}")
-                if prev and prev[0] == r.created_at and r.epoch > prev[1]:
-                    self.replaced += r.epoch - prev[1]
-                self.seen[r.job] = (r.created_at, r.epoch, now)
-        bad += self.queue_violations(table)
+        bad = self.invariants.check(table, live, self.touched)
         bad += self.machines.violations_now(table)
+        self.ops["preempted"] = len(self.invariants.preempted)
         for b in bad:
             self.violations.append(f"step {i}: {b}")
             print(f"      VIOLATION {b}", flush=True)
-
-    def queue_violations(self, table) -> list[str]:
-        """Nothing preempted that was not preemptible; no placed reservation gone without
-        a release of it (or its preemption); the queue's quota kept."""
-        bad = [
-            f"{r.job} is being preempted but is not preemptible"
-            for r in table.values()
-            if r.preempt_at and not r.preemptible
-        ]
-        for r in table.values():
-            if r.preempt_at and (r.job, r.uid) not in self.preempted:
-                self.preempted.add((r.job, r.uid))
-                self.ops["preempted"] += 1
-        now = {j: r.preemptible for j, r in table.items() if r.state in ("ready", "degraded")}
-        for job, spot in self.placed.items():
-            if job not in table and job not in self.touched and not spot:
-                bad.append(f"{job} vanished although nobody released it")
-        self.placed = now
-        held = sum(
-            b.resources.get("GPU", 0.0)
-            for r in table.values()
-            if r.queue == "chaos" and r.state != "queued"
-            for s in r.slots
-            for b in s.bundles
-        )
-        if held > QUOTA + 1e-9:
-            bad.append(f'queue "chaos" holds {held:g} GPUs, over its quota of {QUOTA:g}')
-        bad += self.order_violations(table)
-        return bad
-
-    def order_violations(self, table) -> list[str]:
-        """A reservation of queue "order" placed since the last check against one queued
-        before it, still waiting, that needs one of its nodes (see the docstring)."""
-        queued = {j: r for j, r in table.items() if r.state == "queued" and r.queue == "order"}
-        before, self.queued_before = self.queued_before, set(queued)
-        placed = [
-            r
-            for j, r in table.items()
-            if j in before and r.queue == "order" and r.state != "queued" and r.slots
-        ]
-        if not placed:
-            return []
-        view = live_view(node_infos(), "GPU")
-        bad = []
-        for x in placed:
-            taken = {s.node_id for s in x.slots}
-            for y in queued.values():
-                first = (-y.priority, y.queued_at) < (-x.priority, x.queued_at)
-                if y.job not in before or not first:
-                    continue
-                try:
-                    plan = ComponentPlacement(y.spec, view)
-                except PlacementError:
-                    continue  # not plannable now: it holds no node
-                needs = {
-                    view.nodes[p.node_rank].node_id
-                    for c in plan.components
-                    for p in plan.placements(c)
-                }
-                if needs & taken:
-                    bad.append(f"{x.job} was placed on a node {y.job} waits for, before it")
-        return bad
 
     def close(self) -> None:
         for p in self.waiting.values():
@@ -556,7 +407,7 @@ def main() -> int:
         summary = (
             f"chaos seed {args.seed}: {args.steps} steps in {time.monotonic() - started:.0f} s; "
             f"operations {dict(chaos.ops)}; faults {dict(chaos.faults)}; "
-            f"replacements {chaos.replaced}; violations {len(chaos.violations)}"
+            f"replacements {chaos.invariants.replaced}; violations {len(chaos.violations)}"
         )
         chaos.close()
         print(summary)

@@ -70,3 +70,18 @@ def v1_table(records: dict[str, ReservationRecord], view) -> bytes:
         },
     }
     return msgspec.msgpack.encode(table)
+
+
+def rewrite_as_v1(controller_name: str, data: bytes, keep: tuple[bytes, ...] = ()) -> None:
+    """Put the GCS back the way placectl 0.1 left it: the controller's table as the one
+    key ``data`` (from :func:`v1_table`), every other key of it deleted but those starting
+    with one of ``keep`` (a quota, as if set after the upgrade)."""
+    from ray.experimental import internal_kv
+
+    from controller.state.table import KV_NAMESPACE, LEGACY_KEY, kv_prefix
+
+    prefix = kv_prefix(controller_name)
+    for k in internal_kv._internal_kv_list(prefix, namespace=KV_NAMESPACE):
+        if not any(k.startswith(prefix + kept) for kept in keep):
+            internal_kv._internal_kv_del(k, namespace=KV_NAMESPACE)
+    internal_kv._internal_kv_put(prefix + LEGACY_KEY, data, namespace=KV_NAMESPACE)

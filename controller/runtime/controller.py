@@ -27,7 +27,6 @@ from typing import Any
 import msgspec
 
 from controller.errors import NotOwner, PlacementError, ReservationError, TableUnreadable
-from controller.runtime.admission import Admitter
 from controller.runtime.applying import Applier
 from controller.runtime.change_calls import ChangeCalls
 from controller.runtime.checks import Checker
@@ -142,10 +141,7 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
         self._leaser = Leaser(ctx)
         self._repairer = Repairer(ctx, self._checker, self._leaser)
         self._reserver = Reserver(ctx, self._checker, self._leaser, self._repairer)
-        self._admitter = Admitter(
-            ctx, self._reserver.place_admitted, self._checker.wake, self._reserver.release
-        )
-        self._reserver.admitter = self._admitter
+        self._admitter = self._reserver.admitter
         self._applier = Applier(ctx, self._checker, self._leaser)
         self._reconciler = Reconciler(ctx, self._checker, self._reserver, self._repairer)
         self._liveness = Liveness(ctx, self._fenced)

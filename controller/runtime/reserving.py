@@ -61,7 +61,9 @@ class Reserver:
         self._prefix = ctx.prefix
         self._tasks = ctx.tasks
         self._demand = ctx.demand
-        self.admitter: Admitter | None = None  # the queue, once the facade has made it
+        # The queue: it places what it admits and releases what it preempts through this
+        # reserver, which owns both.
+        self.admitter = Admitter(ctx, self.place_admitted, checker.wake, self.release)
         self.last_timings: dict[str, float] = {}
 
     def in_progress(self, job: str) -> bool:
@@ -97,7 +99,7 @@ class Reserver:
         async with self._locks.job(job):
             existing = self._state.get(job)
             if existing is not None and existing.state == QUEUED:
-                queued = await self._queue().rejoin(existing, spec, terms)
+                queued = await self.admitter.rejoin(existing, spec, terms)
                 if queued is not None:
                     return await self._reserve_locked(job, spec, started, timeout, policy, queued)
                 existing = None
@@ -121,7 +123,7 @@ class Reserver:
                 if existing is not None:
                     await self.release_locked(job)
                 queued = (
-                    await self._queue().enqueue(job, spec, policy, terms) if terms.queue else None
+                    await self.admitter.enqueue(job, spec, policy, terms) if terms.queue else None
                 )
                 return await self._reserve_locked(
                     job, spec, started, timeout, policy, queued, terms
@@ -142,7 +144,7 @@ class Reserver:
         self._tasks.adopt("reserve", job)
         try:
             if queued is not None:
-                await self._queue().wait_turn(queued, started + timeout)
+                await self.admitter.wait_turn(queued, started + timeout)
             while True:
                 try:
                     res = await self._create(job, spec, started + timeout, policy, queued, terms)
@@ -159,20 +161,10 @@ class Reserver:
         finally:
             self._tasks.drop("reserve", job)
             self._progress.clear(job)
-            if queued is not None and self.admitter is not None:
+            if queued is not None:
                 self.admitter.done(job)
         self._io.metrics.reserve_latency(time.monotonic() - started)
         return res
-
-    # ------------------------------------------------------------ the queue
-    def _queue(self) -> Admitter:
-        if self.admitter is None:
-            raise ReservationError("this controller has no queue")
-        return self.admitter
-
-    def _wake_admitter(self) -> None:
-        if self.admitter is not None:
-            self.admitter.wake()
 
     async def place_admitted(self, job: str) -> None:
         """Place an admitted reservation whose caller is not waiting (a controller
@@ -196,8 +188,7 @@ class Reserver:
                     self._tasks.drop("reserve", job)
                     self._progress.clear(job)
         finally:
-            if self.admitter is not None:
-                self.admitter.done(job)
+            self.admitter.done(job)
 
     async def cancel(self, job: str) -> bool:
         """Cancel a ``reserve`` of ``job`` in progress (it rolls back); True if there was
@@ -350,7 +341,7 @@ class Reserver:
             )
         await self._state.forget(job)
         await self._demand.withdraw_job(job)
-        self._wake_admitter()
+        self.admitter.wake()
         log.info("released %r", job)
         return True
 

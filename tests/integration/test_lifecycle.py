@@ -13,11 +13,11 @@ from ray.experimental import internal_kv
 from ray.util.placement_group import placement_group_table
 
 import clients
-from clients.testing.legacy import v1_table
+from clients.testing.legacy import rewrite_as_v1, v1_table
 from controller.errors import StaleReservation, TableUnreadable
 from controller.runtime.nodes import live_view
 from controller.runtime.ray_io import node_infos
-from controller.state.table import KV_NAMESPACE, LEGACY_KEY, RECORD, key, kv_prefix
+from controller.state.table import KV_NAMESPACE, RECORD, key, kv_prefix
 from tests.integration.conftest import live_groups, local_cluster, wait_for
 
 GPUS = 4
@@ -129,10 +129,7 @@ def test_upgrade_over_a_format_1_table_keeps_every_group(cluster):
     before = ctl.table()
     view = live_view(node_infos(), "GPU")
     # Put the GCS back the way placectl 0.1 left it: one key, no format-2 keys.
-    prefix = kv_prefix("placectl")
-    for k in internal_kv._internal_kv_list(prefix, namespace=KV_NAMESPACE):
-        internal_kv._internal_kv_del(k, namespace=KV_NAMESPACE)
-    kv_put("placectl", LEGACY_KEY, v1_table(before, view))
+    rewrite_as_v1("placectl", v1_table(before, view))
     kill_controller(ctl)
     after = wait_for(lambda: _migrated(ctl), timeout=60)
     assert {j: r.group_ids() for j, r in after.items()} == {
