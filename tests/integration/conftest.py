@@ -100,14 +100,16 @@ def live_groups(prefix: str = "placectl:") -> dict[str, dict]:
     }
 
 
-def placectl_cli(address: str, *args: str) -> subprocess.CompletedProcess:
-    """Run the ``placectl`` command line against the cluster at ``address``."""
+def placectl_cli(address: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the ``placectl`` command line against the cluster at ``address`` (with ``env``
+    added to this process's environment)."""
     return subprocess.run(
         [sys.executable, "-m", "clients.cli", *args, "--address", address],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
+        env={**os.environ, **(env or {})},
     )
 
 

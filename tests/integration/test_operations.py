@@ -10,8 +10,6 @@ import json
 import os
 import re
 import socket
-import subprocess
-import sys
 import threading
 import urllib.request
 
@@ -23,6 +21,7 @@ from ray.cluster_utils import Cluster
 import clients
 from controller.runtime.metrics import METRICS, exported
 from tests.integration.conftest import GPUS_PER_NODE, wait_for
+from tests.integration.conftest import placectl_cli as cli
 
 OPERATOR = "operator-secret"
 
@@ -54,17 +53,6 @@ def metrics_cluster():
     yield c, port
     ray.shutdown()
     c.shutdown()
-
-
-def cli(address: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "clients.cli", *args, "--address", address],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def _scrape(port: int) -> dict[str, list[dict[str, str]]]:
