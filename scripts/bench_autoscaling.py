@@ -83,7 +83,7 @@ def main() -> int:
                     before = len(scaler.launched)
                     took = placectl_once(ctl) if how == "placectl" else plain_once()
                     times[how].append(took)
-                    launched[how].append(len(scaler.launched) - before)
+                    launched[how].append(len(scaler.settle()) - before)
                     print(f"trial {trial} {how}: ready in {took:.2f}s", flush=True)
     finally:
         ray.shutdown()

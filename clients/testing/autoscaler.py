@@ -157,6 +157,7 @@ class LocalAutoscaler:
         self.idle_timeout_s = idle_timeout_s
         self.period_s = period_s
         self.launched: dict[str, ProcessNode] = {}  # node id -> the node
+        self._launching = 0  # nodes started whose node id is not known yet
         self._names = itertools.count(1)
         self.terminated: list[str] = []
         self.log: list[tuple[float, str]] = []  # (time, what it did)
@@ -187,6 +188,15 @@ class LocalAutoscaler:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def settle(self, timeout: float = 60.0) -> dict[str, ProcessNode]:
+        """``launched`` once no launch is in progress. Ray may use a new node (place a
+        group on it) the moment it registers, a little before this scaler has read its
+        id: read ``launched`` after something ran on a node it added through this."""
+        deadline = time.monotonic() + timeout
+        while self._launching and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.launched
+
     def running(self) -> list[str]:
         """The nodes it launched whose process still runs."""
         return [n for n, node in self.launched.items() if node.proc.poll() is None]
@@ -214,7 +224,8 @@ class LocalAutoscaler:
                 slots.append(_Slot(self.shape, labels, False))
         needed = self._new_nodes(state, slots)
         room = self.max_nodes - len(self.running())
-        for _ in range(min(needed, room)):  # one at a time: two `ray start` on one
+        self._launching = min(needed, room)
+        for _ in range(self._launching):  # one at a time: two `ray start` on one
             node = ProcessNode(  # host at once can collide on a port
                 self.cluster.address,
                 f"autoscaled-{os.getpid()}-{next(self._names)}",
@@ -228,6 +239,8 @@ class LocalAutoscaler:
                 node.crash()
                 self.log.append((time.time(), f"a node failed to start: {e}"))
                 continue
+            finally:
+                self._launching -= 1
             self.launched[node.node_id] = node
             self.log.append((time.time(), f"launched {node.node_id[:12]}"))
         if not state.pending_gang_resource_requests and not state.pending_resource_requests:

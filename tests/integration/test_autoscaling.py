@@ -38,7 +38,7 @@ def test_a_reservation_on_a_cluster_with_no_gpu_node_gets_its_nodes_and_gives_th
     with LocalAutoscaler(cluster, idle_timeout_s=3) as scaler:
         res = ctl.reserve("grow", spec(), timeout_s=120)
         assert res.state == "ready"
-        launched = set(scaler.launched)
+        launched = set(scaler.settle())
         assert len(launched) == 2  # 8 GPUs on 4-GPU nodes: two, no more
         group = clients.WorkerGroup.launch(res, "actor", Worker)
         assert set(group.execute("where")) == launched  # per Ray: the nodes it added
@@ -55,7 +55,7 @@ def test_a_plain_placement_group_gets_its_nodes_from_the_same_autoscaler(cluster
     with LocalAutoscaler(cluster, idle_timeout_s=3) as scaler:
         pg = placement_group([{"GPU": 1, "CPU": 1}] * 8, strategy="PACK")
         assert pg.wait(timeout_seconds=120)
-        assert len(scaler.launched) == 2
+        assert len(scaler.settle()) == 2
         remove_placement_group(pg)
         wait_for(lambda: len(scaler.terminated) == 2, timeout=60)
 
@@ -64,12 +64,12 @@ def test_a_lost_node_without_a_spare_is_replaced_by_a_node_the_autoscaler_adds(c
     with LocalAutoscaler(cluster, idle_timeout_s=3) as scaler:
         res = ctl.reserve("lose", spec(), timeout_s=120)
         group = clients.WorkerGroup.launch(res, "actor", Worker)
-        first = set(scaler.launched)
+        first = set(scaler.settle())
         lost = res.assignments("actor")[0].placement.node_id
         doomed = [r for r, a in enumerate(res.assignments("actor")) if a.placement.node_id == lost]
         scaler.launched[lost].crash()  # no spare: the slot waits for a new node
         assert group.repair(timeout=120) == doomed
-        (new,) = set(scaler.launched) - first
+        (new,) = set(scaler.settle()) - first
         where = group.execute("where")
         assert {where[r] for r in doomed} == {new}  # per Ray: on the node it added
         assert demand_groups() == {}
@@ -84,7 +84,7 @@ def test_an_evicted_node_without_a_spare_moves_to_a_new_node_before_it_goes(clus
     with LocalAutoscaler(cluster, idle_timeout_s=3) as scaler:
         res = ctl.reserve("drain", spec(), timeout_s=120)
         group = clients.WorkerGroup.launch(res, "actor", Worker)
-        first = set(scaler.launched)
+        first = set(scaler.settle())
         node = res.assignments("actor")[0].placement.node_id
         leaving = [r for r, a in enumerate(res.assignments("actor")) if a.placement.node_id == node]
         epoch = res.epoch
@@ -93,7 +93,7 @@ def test_an_evicted_node_without_a_spare_moves_to_a_new_node_before_it_goes(clus
         info = res.wait_ready(timeout=90, newer_than=epoch)
         assert info.state == "ready" and node in info.leaving
         assert evicted.proc.poll() is None  # the node is still there: make before break
-        (new,) = set(scaler.launched) - first
+        (new,) = set(scaler.settle()) - first
         assert group.dead_ranks() == []  # nothing of the job died
         assert group.prepare() == leaving  # replacements start beside the running ranks
         wait_for(group.prepared_ready, timeout=60)
