@@ -1,6 +1,6 @@
 """What a driver or the CLI asks the controller to change in a live reservation:
 ``apply`` and ``resize``, sent with the client's owner token. Part of
-:class:`clients.session.Controller`; also where a controller call's error is unwrapped."""
+:class:`clients.session.Controller`."""
 
 from __future__ import annotations
 
@@ -8,46 +8,24 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-import ray
 
-from controller import ClusterSpec, PlacementError, load_spec
+from clients.transport import ActorClient
+from controller import ClusterSpec, load_spec
 from controller.state.change import ApplySummary
+from controller.state.requests import Apply, Resize
 
 _SUMMARY = msgspec.msgpack.Decoder(ApplySummary)
 
 
-def unwrap(fn: Callable[[], Any]) -> Any:
-    """Run a Ray call; a PlacementError raised in the controller re-raises as itself."""
-    try:
-        return fn()
-    except ray.exceptions.RayTaskError as e:
-        cause = getattr(e, "cause", None)
-        if isinstance(cause, PlacementError):
-            raise cause from None
-        raise
-
-
-class ChangeClient:
-    """``apply`` and ``resize``; the controller client provides ``_actor``, ``_follow``,
-    ``call`` and ``token``."""
-
-    token: str
-
-    def _actor(self) -> Any:  # pragma: no cover - the client's
-        raise NotImplementedError
-
-    def _follow(self, ref, job: str, progress) -> None:  # pragma: no cover - the client's
-        raise NotImplementedError
-
-    def call(self, method: str, *args: Any, timeout: float | None = None, **kw: Any) -> Any:
-        raise NotImplementedError  # pragma: no cover - the client's
+class ChangeClient(ActorClient):
+    """``apply`` and ``resize``."""
 
     def apply(
         self,
         job: str,
         spec: Any,
         timeout_s: float = 300.0,
-        plan: bool = False,
+        dry_run: bool = False,
         progress: Callable[[str], None] | None = None,
         force: bool = False,
     ) -> ApplySummary:
@@ -56,8 +34,8 @@ class ChangeClient:
         along with :meth:`WorkerGroup.sync`.
 
         Args:
-            plan: only say what would change (per component: the ranks that stay, move,
-                start and stop); nothing is changed.
+            dry_run: only say what would change (per component: the ranks that stay,
+                move, start and stop); nothing is changed.
 
         Returns:
             What changed (or would), per component and slot.
@@ -68,9 +46,10 @@ class ChangeClient:
             PlacementError: the configuration is invalid or does not fit the cluster.
         """
         spec = spec if isinstance(spec, ClusterSpec) else load_spec(spec)
-        ref = self._actor().apply.remote(job, spec, timeout_s, plan, self.token, force)
-        self._follow(ref, job, progress)
-        return _SUMMARY.decode(unwrap(lambda: ray.get(ref)))
+        call = Apply(
+            job=job, spec=spec, timeout_s=timeout_s, dry_run=dry_run, token=self.token, force=force
+        )
+        return _SUMMARY.decode(self.follow("apply", call, job, progress))
 
     def resize(
         self,
@@ -79,14 +58,22 @@ class ChangeClient:
         placement: str | None = None,
         node_group: str | list[str] | None = None,
         timeout_s: float = 300.0,
-        plan: bool = False,
+        dry_run: bool = False,
         force: bool = False,
     ) -> ApplySummary:
         """:meth:`apply` with one component placed anew: a new placement string
         (``resize(job, "rollout", "0-15")``), other node groups (a move), or both."""
-        args = (job, component, placement, node_group, timeout_s, plan, self.token, force)
-        data = self.call("resize", *args)
-        return _SUMMARY.decode(data)
+        call = Resize(
+            job=job,
+            component=component,
+            placement=placement,
+            node_group=node_group,
+            timeout_s=timeout_s,
+            dry_run=dry_run,
+            token=self.token,
+            force=force,
+        )
+        return _SUMMARY.decode(self.call("resize", call))
 
 
 __all__ = ["ChangeClient"]

@@ -5,11 +5,12 @@ why, each queue's quota and use, who may change quotas, and what happened. Part 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import msgspec
 
+from clients.transport import ActorClient
 from controller.state.events import Event
+from controller.state.requests import EventsSince, SetOperator, SetQuota
 from controller.state.status import QueueEntry
 from controller.state.usage import QueueUsage
 
@@ -24,11 +25,8 @@ def operator_token() -> str:
     return os.environ.get(OPERATOR_TOKEN_ENV, "")
 
 
-class QueueClient:
-    """``queue``, ``set_quota``, ``quotas``; the controller client provides ``call``."""
-
-    def call(self, method: str, *args: Any, timeout: float | None = None, **kw: Any) -> Any:
-        raise NotImplementedError  # pragma: no cover - the client's
+class QueueClient(ActorClient):
+    """``queue``, ``set_quota``, ``set_operator``, ``quotas``, ``queues``, ``events``."""
 
     def queue(self) -> list[QueueEntry]:
         """Every queued reservation in admission order (position 1 is next), with what
@@ -44,7 +42,8 @@ class QueueClient:
         Raises:
             NotOwner: not the operator's token, and ``force`` not given.
         """
-        return self.call("set_quota", queue, limits, token=operator_token(), force=force)
+        call = SetQuota(queue=queue, limits=limits, token=operator_token(), force=force)
+        return self.call("set_quota", call)
 
     def set_operator(self, token: str | None = None, force: bool = False) -> str:
         """Make ``token`` (default ``PLACECTL_OPERATOR_TOKEN``) the operator's token:
@@ -54,7 +53,8 @@ class QueueClient:
         Raises:
             NotOwner: another operator token is set, and ``force`` not given.
         """
-        return self.call("set_operator", operator_token() if token is None else token, force)
+        token = operator_token() if token is None else token
+        return self.call("set_operator", SetOperator(token=token, force=force))
 
     def quotas(self) -> dict[str, dict[str, float]]:
         """Every queue's quota."""
@@ -69,7 +69,8 @@ class QueueClient:
         """What happened (reserved, degraded, repaired with the cause, admitted,
         preempted, applied, released, quota changes, and who acted), oldest first: the
         newest ``limit`` events of ``job`` (or of all) numbered above ``after``."""
-        return _EVENTS.decode(self.call("events", job, after, limit))
+        call = EventsSince(job=job, after=after, limit=limit)
+        return _EVENTS.decode(self.call("events", call))
 
 
 __all__ = ["QueueClient"]

@@ -20,6 +20,7 @@ from controller.errors import (
 from controller.state.assignments import Assignment
 from controller.state.published import ComponentBlock
 from controller.state.records import DEGRADED, READY, ReservationRecord, with_dead_nodes
+from controller.state.requests import ComponentOf, LeasePorts, ReleasePorts
 from controller.state.status import ReservationInfo, summarize
 
 if TYPE_CHECKING:
@@ -112,7 +113,8 @@ class Reservation:
             self._refresh_record()
             record = self._record
         # Still apart (a write that failed half way): the controller's memory is consistent.
-        block = _BLOCK.decode(self.controller.call("component", self.job, component))
+        call = ComponentOf(job=self.job, component=component)
+        block = _BLOCK.decode(self.controller.call("component", call))
         if (block.uid, block.epoch) != (record.uid, record.epoch):
             raise StaleReservation(f"reservation {self.job!r} changed while being read; retry")
         return self._stamped(block)
@@ -186,14 +188,22 @@ class Reservation:
         crash) still finds its lease. Leases end with the reservation or
         :meth:`release_ports`.
         """
-        request_id = None if name is not None else uuid.uuid4().hex
-        args = (self.job, component, rank, count, consecutive, name, request_id)
-        return self.controller.call("lease_ports", *args, token=self.controller.token)
+        call = LeasePorts(
+            job=self.job,
+            component=component,
+            rank=rank,
+            count=count,
+            consecutive=consecutive,
+            name=name,
+            request_id=None if name is not None else uuid.uuid4().hex,
+            token=self.controller.token,
+        )
+        return self.controller.call("lease_ports", call)
 
     def release_ports(self, ports: list[int]) -> int:
         """End the leases holding any of ``ports``; master ports stay."""
-        token = self.controller.token
-        return self.controller.call("release_ports", self.job, list(ports), token=token)
+        call = ReleasePorts(job=self.job, ports=list(ports), token=self.controller.token)
+        return self.controller.call("release_ports", call)
 
     def wait_ready(
         self,

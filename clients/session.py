@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import ray
 
-from clients.changes import ChangeClient, unwrap
+from clients.changes import ChangeClient
 from clients.driver_table import RayTable
-from clients.owner_token import resolve_token
 from clients.queue import QueueClient
 from clients.reservation import Reservation
-from clients.versions import check_ray_version, warn_if_versions_differ
+from clients.transport import DEFAULT_NAME, DEFAULT_NAMESPACE
+from clients.versions import check_ray_version
 from controller import ClusterSpec, PlacementError, load_spec
 from controller.errors import (
     ReservationCancelled,
@@ -25,7 +24,7 @@ from controller.errors import (
 from controller.runtime.io import HEAD_RESOURCE
 from controller.state.published import ComponentBlock
 from controller.state.records import AUTO, ReservationRecord
-from controller.state.requests import check_job
+from controller.state.requests import Everyone, JobOf, Owned, Reserve, check_job
 from controller.state.status import ReservationInfo
 from controller.state.table import (
     LEGACY_KEY,
@@ -37,8 +36,6 @@ from controller.state.table import (
     key,
 )
 
-DEFAULT_NAME = "placectl"
-DEFAULT_NAMESPACE = "placectl"
 _INFO = msgspec.msgpack.Decoder(ReservationInfo)
 _INFOS = msgspec.msgpack.Decoder(list[ReservationInfo])
 
@@ -119,67 +116,8 @@ class Controller(ChangeClient, QueueClient):
         table: Any = None,
         token: str | None = None,
     ):
-        self.handle = handle
-        self.name = name
-        self.namespace = namespace
+        super().__init__(handle, name, namespace, token)
         self._table = table if table is not None else RayTable(name)
-        self._token = token
-        self._version_checked = False
-
-    @property
-    def token(self) -> str:
-        """The owner token this client sends with every change (resolved on first use)."""
-        if not self._token:
-            self._token = resolve_token()
-        return self._token
-
-    def _actor(self) -> Any:
-        """The controller actor's handle, looked up on first use by a Controller made
-        for reading the table only."""
-        if self.handle is None:
-            self.handle = ray.get_actor(self.name, namespace=self.namespace)
-        return self.handle
-
-    def call(self, method: str, *args: Any, timeout: float | None = None, **kw: Any) -> Any:
-        """Call one of the controller actor's methods and wait; a PlacementError it
-        raises is raised here as itself."""
-        try:
-            out = self._call_once(method, args, kw, timeout)
-        except ray.exceptions.ActorDiedError:
-            if not self._found_anew():
-                raise
-            out = self._call_once(method, args, kw, timeout)  # calls are idempotent
-        if not self._version_checked:  # once per client, after its first call answered
-            self._version_checked = True
-            with contextlib.suppress(Exception):  # a check, never a reason for a call to fail
-                health = out if method == "health" else self.call("health")
-                warn_if_versions_differ(health.get("version", "unknown"))
-        return out
-
-    def _call_once(self, method: str, args: tuple, kw: dict, timeout: float | None) -> Any:
-        ref = getattr(self._actor(), method).remote(*args, **kw)
-        return unwrap(lambda: ray.get(ref, timeout=timeout))
-
-    def _found_anew(self) -> bool:
-        """The controller this handle named was stopped and another started under its
-        name (an upgrade: `placectl stop`, `placectl start`): use the new one."""
-        try:
-            new = ray.get_actor(self.name, namespace=self.namespace)
-        except ValueError:
-            return False
-        if self.handle is not None and new._actor_id == self.handle._actor_id:
-            return False
-        self.handle = new
-        return True
-
-    def check_alive(self) -> str:
-        """Round-trip to the controller; returns its incarnation id (new on each restart)."""
-        return self.call("check_alive")
-
-    def health(self) -> dict[str, Any]:
-        """The controller's incarnation, whether it has recovered, and why it refuses to
-        act if it does (an unreadable table)."""
-        return self.call("health")
 
     def reserve(
         self,
@@ -222,40 +160,25 @@ class Controller(ChangeClient, QueueClient):
             ReservationCancelled: a ``release`` of the job (or Ctrl-C) cancelled it.
         """
         spec = spec if isinstance(spec, ClusterSpec) else load_spec(spec)
-        ref = self._actor().reserve.remote(
-            job,
-            spec,
-            timeout_s,
-            replace,
-            repair,
-            queue,
-            priority,
-            self.token,
-            force,
-            preemptible,
-            preempt_grace_s,
+        call = Reserve(
+            job=job,
+            spec=spec,
+            timeout_s=timeout_s,
+            replace=replace,
+            repair=repair,
+            queue=queue,
+            priority=priority,
+            token=self.token,
+            force=force,
+            preemptible=preemptible,
+            preempt_grace_s=preempt_grace_s,
         )
         try:
-            self._follow(ref, job, progress)
+            info = _INFO.decode(self.follow("reserve", call, job, progress))
         except KeyboardInterrupt:
             ray.get(self.handle.cancel.remote(job), timeout=60)
             raise
-        info = _INFO.decode(unwrap(lambda: ray.get(ref)))
         return Reservation(self, info)
-
-    def _follow(self, ref, job: str, progress: Callable[[str], None] | None) -> None:
-        """Wait for a call, passing what the controller says it waits for to
-        ``progress`` (default: stderr) whenever that changes."""
-        say = progress or (lambda m: print(f"placectl: {job}: {m}", file=sys.stderr, flush=True))
-        last = ""
-        while not ray.wait([ref], timeout=1.0)[0]:
-            try:
-                message = ray.get(self.handle.progress.remote(job), timeout=5)
-            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
-                continue
-            if message and message != last:
-                say(message)
-                last = message
 
     def reservation(self, job: str) -> Reservation:
         """Attach to an existing reservation.
@@ -308,7 +231,7 @@ class Controller(ChangeClient, QueueClient):
         return dict(sorted(out.items()))
 
     def status(self, job: str) -> ReservationInfo:
-        return _INFO.decode(self.call("status", job))
+        return _INFO.decode(self.call("status", JobOf(job)))
 
     def list(self) -> list[ReservationInfo]:
         return _INFOS.decode(self.call("list"))
@@ -316,21 +239,21 @@ class Controller(ChangeClient, QueueClient):
     def suspects(self, job: str) -> list[str]:
         """The nodes of ``job`` whose raylets do not answer and that the controller has
         not fenced yet; asking fences a node whose raylet refuses connections."""
-        return self.call("suspects", job)
+        return self.call("suspects", JobOf(job))
 
     def release(self, job: str, force: bool = False) -> bool:
         """Release ``job`` (cancelling a reserve of it in progress); True if it existed.
         Returns once Ray reports every group gone. Idempotent. Another client's
         reservation needs ``force``."""
-        return self.call("release", job, self.token, force)
+        return self.call("release", Owned(job=job, token=self.token, force=force))
 
     def release_all(self, force: bool = False) -> list[str]:
         """Release this client's reservations (everyone's with ``force``)."""
-        return self.call("release_all", self.token, force)
+        return self.call("release_all", Everyone(token=self.token, force=force))
 
     def repair(self, job: str, force: bool = False) -> ReservationInfo:
         """Replace the lost slots of ``job`` now (see ``repair="manual"``)."""
-        return _INFO.decode(self.call("repair", job, self.token, force))
+        return _INFO.decode(self.call("repair", Owned(job=job, token=self.token, force=force)))
 
     def stop(self) -> None:
         """Stop the controller actor (its loop ends and its last events are written,

@@ -240,7 +240,7 @@ def apply(job, config, address, timeout_s, dry_run, force, output, as_json) -> N
     from clients.render import render_apply
 
     spec = load_spec(config)
-    summary = connect(address).apply(job, spec, timeout_s=timeout_s, plan=dry_run, force=force)
+    summary = connect(address).apply(job, spec, timeout_s=timeout_s, dry_run=dry_run, force=force)
     emit(fmt(output, as_json), summary, lambda: render_apply(summary))
 
 
@@ -263,7 +263,7 @@ def resize(
 
     groups = list(node_group) or None
     summary = connect(address).resize(
-        job, component, placement, groups, timeout_s=timeout_s, plan=dry_run, force=force
+        job, component, placement, groups, timeout_s=timeout_s, dry_run=dry_run, force=force
     )
     emit(fmt(output, as_json), summary, lambda: render_apply(summary))
 

@@ -1,18 +1,16 @@
 """The placement controller: one named, detached Ray actor per cluster.
 
-The actor is a facade. What it knows lives in one owner; what it does is done by the
-operations it composes, each given the shared parts (a ``Context``) and, by name, the
-other operations it uses:
+The actor is a facade: it holds the loop and the gate every call passes, and routes each
+call (:mod:`controller.runtime.routes`) to the object that answers its kind. What the
+controller knows lives in one owner; what it does is done by its operations:
 
-* ``state``: the mirror of the table, and the only way to change it (write ahead);
-* ``nodes``: the nodes as Ray last reported them, and the planner's view of them;
-* ``locks``: who may change a job when (the rules are written in ``locks``);
-* ``tasks``: every task run beside the calls, by name; ``stop()`` ends them all;
-* ``checker``: what Ray says about each reservation, ready or degraded;
-* ``leaser``: master ports and leased ports;
-* ``repairer``: replacing a lost node's slots;
-* ``reserver``: reserve, cancel, release; ``applier``: apply and resize;
-* ``reconciler``: recovery on start, and the loop's ticks.
+* ``state``: the mirror of the table, and the only way to change it (write ahead, one
+  commit at a time per job, each on the record it read: :mod:`controller.runtime.state`);
+* ``ops`` (:class:`Operations`): the checker, leaser, repairer, reserver (and its queue),
+  applier, reconciler and the raylet watch, made once from one :class:`Context`;
+* the calls: :class:`ChangeCalls`, :class:`ReadCalls`, :class:`QueueCalls`,
+  :class:`DiagnosticCalls`, each given the request its call was checked into
+  (:mod:`controller.state.requests`).
 """
 
 from __future__ import annotations
@@ -22,47 +20,38 @@ import contextlib
 import logging
 import re
 import time
-from typing import Any
 
-import msgspec
-
-from controller.errors import NotOwner, PlacementError, ReservationError, TableUnreadable
-from controller.runtime.applying import Applier
+from controller.errors import ReservationError, TableUnreadable
 from controller.runtime.change_calls import ChangeCalls
-from controller.runtime.checks import Checker
 from controller.runtime.context import Context
 from controller.runtime.diagnostics import DiagnosticCalls
-from controller.runtime.history import History, acting_as, client
+from controller.runtime.history import History
 from controller.runtime.incarnation import FAULT_STEPS, Incarnation, SimulatedCrash
 from controller.runtime.io import ClusterIO
-from controller.runtime.leasing import Leaser
-from controller.runtime.liveness import Liveness
+from controller.runtime.operations import Operations
 from controller.runtime.queue_calls import QueueCalls
+from controller.runtime.read_calls import ReadCalls
+from controller.runtime.readiness import Readiness
 from controller.runtime.reconcile import Reconciler
-from controller.runtime.repair import Repairer
-from controller.runtime.reserving import Reserver
+from controller.runtime.routes import route
 from controller.runtime.settings import Settings
 from controller.runtime.state import ReservationState
 from controller.runtime.store import Store
 from controller.runtime.tasks import Tasks
-from controller.state import requests
-from controller.state.owners import Caller, owner_hash, owns
-from controller.state.queueing import Terms
-from controller.state.records import AUTO, GROUP_PREFIX, ReservationRecord
-from controller.state.requests import check_flag, check_job, check_policy, check_timeout
-from controller.state.status import summarize
-from controller.state.table import KV_NAMESPACE, kv_prefix, where
+from controller.state import requests as rq
+from controller.state.records import GROUP_PREFIX
+from controller.state.table import KV_NAMESPACE, kv_prefix
 from controller.state.usage import usage
 
 __all__ = ["FAULT_STEPS", "PlacementController", "SimulatedCrash"]
 
 log = logging.getLogger("placectl.controller")
 
-RECOVERY_WAIT_S = 60.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+CHANGES, READS, QUEUES, DIAGNOSTICS = "_changes", "_reads", "_queues", "_diagnostics"
 
 
-class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
+class PlacementController:
     """Owns every placectl reservation of a cluster.
 
     Fault-tolerance contract:
@@ -125,31 +114,53 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
             from controller.runtime.ray_io import RayClusterIO
 
             io = RayClusterIO(KV_NAMESPACE, kv_prefix(name))
-        self._name = name
-        self._io = io
         self.settings = settings or Settings()
-        prefix = f"{GROUP_PREFIX}{name}:"
-        self._prefix = prefix
+        self._io = io
         self._incarnation = Incarnation(exit_process=real)
         tasks = Tasks()
         history = History(io.metrics, self.settings.events_kept)
         self._state = ReservationState(Store(io), io.metrics, history, tasks)
+        prefix = f"{GROUP_PREFIX}{name}:"
         ctx = Context(io, self._state, self.settings, prefix, self._incarnation, tasks)
-        self._nodes, self._locks, self._tasks = ctx.nodes, ctx.locks, ctx.tasks
-        self._progress = ctx.progress
-        self._checker = Checker(ctx)
-        self._leaser = Leaser(ctx)
-        self._repairer = Repairer(ctx, self._checker, self._leaser)
-        self._reserver = Reserver(ctx, self._checker, self._leaser, self._repairer)
-        self._admitter = self._reserver.admitter
-        self._applier = Applier(ctx, self._checker, self._leaser)
-        self._reconciler = Reconciler(ctx, self._checker, self._reserver, self._repairer)
-        self._liveness = Liveness(ctx, self._fenced)
-        self._refusal: str | None = None
-        self._recovery_problem = ""
-        self._recovered = asyncio.Event()
+        self._tasks = tasks
+        self._ops = ops = Operations(ctx)
+        self._readiness = Readiness(name)
+        self._changes = ChangeCalls(ops)
+        self._reads = ReadCalls(ops)
+        self._queues = QueueCalls(ops)
+        self._diagnostics = DiagnosticCalls(ops, self._readiness)
         self._reported = float("-inf")
         self._tasks.start("loop", name, self._run())
+
+    # ------------------------------------------------------------ the calls
+    # Changes and reads wait for recovery and are refused while the table cannot be read.
+    reserve = route(CHANGES, ChangeCalls.reserve, rq.Reserve)
+    cancel = route(CHANGES, ChangeCalls.cancel, rq.JobOf)
+    release = route(CHANGES, ChangeCalls.release, rq.Owned)
+    release_all = route(CHANGES, ChangeCalls.release_all, rq.Everyone)
+    apply = route(CHANGES, ChangeCalls.apply, rq.Apply)
+    resize = route(CHANGES, ChangeCalls.resize, rq.Resize)
+    repair = route(CHANGES, ChangeCalls.repair, rq.Owned)
+    lease_ports = route(CHANGES, ChangeCalls.lease_ports, rq.LeasePorts)
+    release_ports = route(CHANGES, ChangeCalls.release_ports, rq.ReleasePorts)
+    status = route(READS, ReadCalls.status, rq.JobOf)
+    list = route(READS, ReadCalls.list)
+    suspects = route(READS, ReadCalls.suspects, rq.JobOf)
+    assignments = route(READS, ReadCalls.assignments, rq.ComponentOf)
+    component = route(READS, ReadCalls.component, rq.ComponentOf)
+    queue = route(QUEUES, QueueCalls.queue)
+    set_quota = route(QUEUES, QueueCalls.set_quota, rq.SetQuota)
+    set_operator = route(QUEUES, QueueCalls.set_operator, rq.SetOperator)
+    quotas = route(QUEUES, QueueCalls.quotas)
+    queues = route(QUEUES, QueueCalls.queues)
+    # These answer from memory even while the controller refuses to act.
+    events = route(QUEUES, QueueCalls.events, rq.EventsSince, ready=False)
+    progress = route(DIAGNOSTICS, DiagnosticCalls.progress, rq.JobOf, ready=False)
+    check_alive = route(DIAGNOSTICS, DiagnosticCalls.check_alive, ready=False)
+    health = route(DIAGNOSTICS, DiagnosticCalls.health, ready=False)
+    arm_fault = route(DIAGNOSTICS, DiagnosticCalls.arm_fault, rq.Fault, ready=False)
+    timings = route(DIAGNOSTICS, DiagnosticCalls.timings, ready=False)
+    group_prefix = route(DIAGNOSTICS, DiagnosticCalls.group_prefix, ready=False)
 
     # ------------------------------------------------------------ for tests, benchmarks
     @property
@@ -158,38 +169,45 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
         return self._state
 
     @property
+    def ops(self) -> Operations:
+        """The operations (tests read the queue's reasons through ``ops.admitter``)."""
+        return self._ops
+
+    @property
     def reconciler(self) -> Reconciler:
-        return self._reconciler
+        return self._ops.reconciler
 
     @property
     def finished(self) -> bool:
         """This incarnation crashed at a test fault or was stopped."""
         return self._incarnation.dead
 
+    async def _ready(self) -> None:
+        await self._readiness.wait()
+
     # ------------------------------------------------------------ lifecycle
     async def _run(self) -> None:
+        ready, ops = self._readiness, self._ops
         delay = 0.5
-        while not self._recovered.is_set():
+        while not ready.recovered.is_set():
             try:
-                await self._reconciler.recover()
-                self._refusal = None
-                self._recovered.set()
+                await ops.reconciler.recover()
+                ready.accept()
             except TableUnreadable as e:
-                self._refuse(str(e))
-                self._recovered.set()  # calls answer now: with the refusal
+                ready.refuse(str(e))
             except Exception as e:
                 log.exception("recovery failed; retrying in %.1fs", delay)
-                self._recovery_problem = str(e)
+                ready.problem = str(e)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
         last_try = float("-inf")  # an unreadable table is read again at the first tick
-        self._liveness.start()
+        ops.liveness.start()
         while not self._incarnation.dead:
-            await self._checker.idle(self.settings.reconcile_period)
+            await ops.checker.idle(self.settings.reconcile_period)
             try:
-                if self._refusal is None:
-                    await self._reconciler.tick()
-                    await self._admitter.tick()
+                if ready.refusal is None:
+                    await ops.reconciler.tick()
+                    await ops.admitter.tick()
                     self._report()
                 elif asyncio.get_running_loop().time() - last_try >= self.settings.refusal_retry:
                     last_try = asyncio.get_running_loop().time()
@@ -209,35 +227,11 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
 
     async def _retry_unreadable(self) -> None:
         try:
-            await self._reconciler.recover()
+            await self._ops.reconciler.recover()
         except TableUnreadable as e:
-            self._refuse(str(e))
+            self._readiness.refuse(str(e))
             return
-        self._refusal = None
-        log.warning("the reservation table is readable again; acting on it")
-
-    def _refuse(self, why: str) -> None:
-        if why != self._refusal:
-            log.error("refusing to act: the reservation table cannot be read: %s", why)
-        self._refusal = why
-
-    async def _ready(self) -> None:
-        """Every call but the liveness ones waits for recovery, and is refused while the
-        table cannot be read."""
-        if not self._recovered.is_set():
-            try:
-                await asyncio.wait_for(self._recovered.wait(), RECOVERY_WAIT_S)
-            except asyncio.TimeoutError:
-                raise ReservationError(
-                    f"the controller has not recovered after {RECOVERY_WAIT_S:g}s: "
-                    f"{self._recovery_problem}"
-                ) from None
-        if self._refusal is not None:
-            raise TableUnreadable(
-                f"placectl refuses to act because the reservation table cannot be read: "
-                f"{self._refusal}. Nothing was removed; run a placectl that reads it, or "
-                f"remove the unreadable keys ({where(self._name)})"
-            )
+        self._readiness.accept()
 
     async def stop(self) -> None:
         """Stop the loop (tests: a controller object that is discarded)."""
@@ -246,140 +240,3 @@ class PlacementController(ChangeCalls, QueueCalls, DiagnosticCalls):
             last = min(2.0, self.settings.removal_timeout)
             await asyncio.wait_for(self._state.write_history(), last)
         self._tasks.stop()
-
-    def _fenced(self, node: str) -> None:
-        """A node was fenced: its jobs are checked, and repaired, at once."""
-        for job in self._state.jobs_on(node):
-            self._checker.recheck(job)
-        self._checker.wake()
-
-    # ------------------------------------------------------------ changes
-    async def reserve(
-        self,
-        job: str,
-        spec: Any,
-        timeout_s: float = 300.0,
-        replace: bool = False,
-        repair: str = AUTO,
-        queue: str = "",
-        priority: int = 0,
-        token: str = "",
-        force: bool = False,
-        preemptible: bool = False,
-        preempt_grace_s: float = 0.0,
-    ) -> bytes:
-        """Reserve the resources of ``spec`` for ``job`` (in ``queue`` at ``priority``,
-        if given), owned by ``token``'s holder; returns the encoded status (see
-        :meth:`Reserver.reserve`). Replacing another's spec needs its token or ``force``."""
-        await self._ready()
-        job = check_job(job)
-        spec = requests.coerce_spec(spec)
-        timeout = check_timeout(timeout_s)
-        check_flag(replace, "replace")
-        policy = check_policy(repair)
-        queue, priority = requests.check_queue(queue), requests.check_priority(priority)
-        caller = self._owns(job, token, force, "replace") if replace else None
-        terms = Terms(
-            queue=queue,
-            priority=priority,
-            owner=owner_hash(requests.check_token(token)),
-            preemptible=check_flag(preemptible, "preemptible"),
-            preempt_grace=check_timeout(preempt_grace_s, "preempt_grace_s")
-            if preempt_grace_s
-            else 0.0,
-        )
-        with acting_as(client(terms.owner, force)):
-            res = await self._reserver.reserve(job, spec, timeout, replace, policy, terms, caller)
-        return self._status_bytes(res)
-
-    async def cancel(self, job: str) -> bool:
-        """Cancel a ``reserve`` of ``job`` in progress; True if there was one."""
-        await self._ready()
-        return await self._reserver.cancel(check_job(job))
-
-    async def release(self, job: str, token: str = "", force: bool = False) -> bool:
-        """Remove ``job``'s reservation; True if there was one (see :meth:`Reserver.release`)."""
-        await self._ready()
-        caller = self._owns(check_job(job), token, check_flag(force, "force"), "release")
-        with acting_as(client(owner_hash(token), force)):
-            return await self._reserver.release(job, caller)
-
-    async def release_all(self, token: str = "", force: bool = False) -> list[str]:
-        """Release every reservation the caller owns (every one with ``force``); returns
-        the jobs released."""
-        await self._ready()
-        check_flag(force, "force")
-        jobs = [j for j, r in self._state.records.items() if force or owns(r, token)]
-        if force:
-            log.warning("release of every reservation forced (%d)", len(jobs))
-        caller, released = Caller(requests.check_token(token), force), []
-        for job in sorted(jobs):
-            # NotOwner: reserved anew by another client meanwhile
-            with contextlib.suppress(NotOwner), acting_as(client(owner_hash(token), force)):
-                if await self._reserver.release(job, caller):
-                    released.append(job)
-        return released
-
-    # ------------------------------------------------------------ reads
-    def _status_bytes(self, res: ReservationRecord) -> bytes:
-        return msgspec.msgpack.encode(summarize(self._checker.truthful(res)))
-
-    async def _settled(self, job: str) -> ReservationRecord:
-        await self._checker.confirm([check_job(job)])
-        res = self._state.require(job)
-        if not res.settled:
-            raise ReservationError(f"reservation {job!r} is {res.state}; assignments need ready")
-        return res
-
-    async def assignments(self, job: str, component: str) -> bytes:
-        """The msgpack-encoded ``list[Assignment]`` of one component, in rank order."""
-        await self._ready()
-        await self._settled(job)
-        encoded = await self._state.encoded(job)
-        if component not in encoded:
-            raise PlacementError(
-                f"unknown component {component!r} in {job!r}; it has {', '.join(encoded)}"
-            )
-        return encoded[component]
-
-    async def component(self, job: str, component: str) -> bytes:
-        """The msgpack-encoded :class:`ComponentBlock` of ``job``'s current epoch."""
-        await self._ready()
-        await self._settled(job)
-        published = await self._state.published(job)
-        if component not in published.components:
-            raise PlacementError(f"unknown component {component!r} in {job!r}")
-        return msgspec.msgpack.encode(published.components[component])
-
-    async def status(self, job: str) -> bytes:
-        """The encoded :class:`ReservationInfo` of ``job``: never ``ready`` while Ray
-        reports one of its nodes dead, nor while one of its raylets refuses connections
-        (the node is fenced first, see :mod:`controller.runtime.liveness`)."""
-        await self._ready()
-        await self._suspect(check_job(job))
-        await self._checker.confirm([job])
-        return self._status_bytes(self._state.require(job))
-
-    async def _suspect(self, job: str) -> set[str]:
-        """Ask the raylets of ``job``'s nodes now; the ones silent, not yet fenced."""
-        res = self._state.get(job)
-        if res is None or not res.settled:
-            return set()
-        return await self._liveness.check_now(res.node_ids())
-
-    async def suspects(self, job: str) -> list[str]:
-        """The nodes of ``job`` whose raylets do not answer now and that are not fenced
-        yet (each is fenced once silent for ``settings.fence_after``); a refusing one is
-        fenced by this call. Drivers call it when a worker stops answering."""
-        await self._ready()
-        suspects = await self._suspect(check_job(job))
-        await self._checker.confirm([job])
-        return sorted(suspects)
-
-    async def list(self) -> bytes:
-        """Encoded ``list[ReservationInfo]`` of every reservation, by job name."""
-        await self._ready()
-        records = self._state.records
-        await self._checker.confirm(list(records))
-        infos = [summarize(self._checker.truthful(records[j])) for j in sorted(records)]
-        return msgspec.msgpack.encode(infos)

@@ -1,71 +1,62 @@
 """The controller's calls that report on it rather than change anything: what a call in
-progress waits for, liveness, health, and the hooks tests and benchmarks use. Part of
-:class:`~controller.runtime.controller.PlacementController` (a mixin, so that the facade
-stays one class Ray can host); they answer even while the controller refuses to act."""
+progress waits for, liveness, health, and the hooks tests and benchmarks use. They answer
+even while the controller refuses to act."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from controller.runtime.incarnation import Incarnation
-from controller.runtime.io import ClusterIO
-from controller.runtime.liveness import Liveness
-from controller.runtime.progress import Progress
-from controller.runtime.reserving import Reserver
-from controller.runtime.state import ReservationState
+from controller.runtime.operations import Operations
+from controller.runtime.readiness import Readiness
+from controller.state.requests import Fault, JobOf
 from controller.version import version
 
 
 class DiagnosticCalls:
-    """``progress``, ``check_alive``, ``health``, ``arm_fault``, ``timings``,
-    ``group_prefix``; the facade provides the attributes."""
+    """Answers ``progress``, ``check_alive``, ``health``, ``arm_fault``, ``timings`` and
+    ``group_prefix``."""
 
-    _progress: Progress
-    _incarnation: Incarnation
-    _io: ClusterIO
-    _recovered: asyncio.Event
-    _refusal: str | None
-    _state: ReservationState
-    _reserver: Reserver
-    _prefix: str
-    _liveness: Liveness
+    def __init__(self, ops: Operations, readiness: Readiness) -> None:
+        self._ops = ops
+        self._ctx = ops.ctx
+        self._readiness = readiness
 
-    async def progress(self, job: str) -> str:
+    async def progress(self, call: JobOf) -> str:
         """What a reservation in progress is waiting for ("" when nothing)."""
-        return self._progress.of(job)
+        return self._ctx.progress.of(call.job)
 
     async def check_alive(self) -> str:
-        """Answers this incarnation's id, which changes on every restart; answers even
-        while the controller refuses to act."""
-        return self._incarnation.id
+        """Answers this incarnation's id, which changes on every restart."""
+        return self._ctx.incarnation.id
 
     async def health(self) -> dict[str, Any]:
         """Version, incarnation, node, recovery, refusal, how node events arrive, GCS
         store, fenced nodes."""
+        io = self._ctx.io
         return {
             "version": version(),
-            "incarnation": self._incarnation.id,
-            "node_id": self._io.own_node(),
-            "recovered": self._recovered.is_set(),
-            "refusal": self._refusal,
-            "reservations": len(self._state.records),
-            "node_events": self._io.watching(),
-            "gcs_store": self._io.gcs_store(),
-            "fenced": dict(self._liveness.fenced),
+            "incarnation": self._ctx.incarnation.id,
+            "node_id": io.own_node(),
+            "recovered": self._readiness.recovered.is_set(),
+            "refusal": self._readiness.refusal,
+            "reservations": len(self._ctx.state.records),
+            "node_events": io.watching(),
+            "gcs_store": io.gcs_store(),
+            "fenced": dict(self._ops.liveness.fenced),
         }
 
     # ------------------------------------------------------------ testing
-    async def arm_fault(self, step: str | None) -> None:
+    async def arm_fault(self, call: Fault) -> None:
         """Test only: crash the next time ``step`` is reached."""
-        self._incarnation.arm(step)
+        self._ctx.incarnation.arm(call.step)
 
     async def timings(self) -> dict[str, float]:
         """How long the last new reservation took to plan, place and probe."""
-        return dict(self._reserver.last_timings)
+        return dict(self._ops.reserver.last_timings)
 
     async def group_prefix(self) -> str:
-        return self._prefix
+        """The name prefix of this controller's placement groups."""
+        return self._ctx.prefix
 
 
 __all__ = ["DiagnosticCalls"]

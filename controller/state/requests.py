@@ -1,4 +1,5 @@
-"""Checks on what callers send the controller: job names, timeouts, specs, policies.
+"""What callers send the controller: one request type per call, and the checks on its
+fields (job names, timeouts, specs, policies, queues, tokens).
 
 Every check raises a :class:`ReservationError` (a PlacementError) whose one-line message
 quotes the value and says what is allowed; the controller's state is never touched
@@ -15,6 +16,7 @@ import msgspec
 
 from controller.errors import ReservationError
 from controller.planning.spec import ClusterSpec, load_spec
+from controller.state.ports import check_request, lease_purpose
 from controller.state.records import AUTO, MANUAL
 
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -108,3 +110,227 @@ def check_token(token: object) -> str:
     if not isinstance(token, str) or len(token) > 256:
         raise ReservationError("token: expected a string of at most 256 characters")
     return token
+
+
+# ---------------------------------------------------------------- the driver calls
+# One type per call the controller answers: its parameters are named here once. The
+# client builds it by keyword, Ray carries it (unpickling runs the checks again, on the
+# controller), and the controller's facade builds it from the arguments of a call made
+# positionally or by keyword. Each type checks its fields when built.
+
+
+class JobOf(msgspec.Struct):
+    """A call about one job: ``cancel``, ``status``, ``suspects``, ``progress``."""
+
+    job: str
+
+    def __post_init__(self) -> None:
+        check_job(self.job)
+
+
+class ComponentOf(msgspec.Struct):
+    """A call about one component of a job: ``assignments``, ``component``."""
+
+    job: str
+    component: str
+
+    def __post_init__(self) -> None:
+        check_job(self.job)
+        if not isinstance(self.component, str) or not self.component:
+            raise ReservationError(f"component {self.component!r}: expected a component name")
+
+
+class Owned(msgspec.Struct):
+    """A change to one job its owner makes (``release``, ``repair``): the owner's token,
+    or ``force`` to act on another's."""
+
+    job: str
+    token: str = ""
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        check_job(self.job)
+        check_token(self.token)
+        check_flag(self.force, "force")
+
+
+class Everyone(msgspec.Struct):
+    """``release_all``: every reservation ``token`` owns (every one with ``force``)."""
+
+    token: str = ""
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        check_token(self.token)
+        check_flag(self.force, "force")
+
+
+class Reserve(msgspec.Struct):
+    """``reserve``: ``spec`` for ``job``, waiting at most ``timeout_s``; ``replace``
+    another spec; the ``repair`` policy; the ``queue`` and ``priority`` it waits in; the
+    owner's ``token`` (``force``: replace another's); whether a higher priority may take
+    it back, and the grace it then has (0: the controller's)."""
+
+    job: str
+    spec: Any
+    timeout_s: float = 300.0
+    replace: bool = False
+    repair: str = AUTO
+    queue: str = ""
+    priority: int = 0
+    token: str = ""
+    force: bool = False
+    preemptible: bool = False
+    preempt_grace_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_job(self.job)
+        self.spec = coerce_spec(self.spec)
+        self.timeout_s = check_timeout(self.timeout_s)
+        check_flag(self.replace, "replace")
+        check_policy(self.repair)
+        self.queue = check_queue(self.queue)
+        check_priority(self.priority)
+        check_token(self.token)
+        check_flag(self.force, "force")
+        check_flag(self.preemptible, "preemptible")
+        if self.preempt_grace_s:
+            self.preempt_grace_s = check_timeout(self.preempt_grace_s, "preempt_grace_s")
+
+
+class Apply(msgspec.Struct):
+    """``apply``: ``spec`` for the live ``job``, only what changes (``dry_run``: say what
+    would), placed within ``timeout_s``."""
+
+    job: str
+    spec: Any
+    timeout_s: float = 300.0
+    dry_run: bool = False
+    token: str = ""
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        check_job(self.job)
+        self.spec = coerce_spec(self.spec)
+        self.timeout_s = check_timeout(self.timeout_s)
+        check_flag(self.dry_run, "dry_run")
+        check_token(self.token)
+        check_flag(self.force, "force")
+
+
+class Resize(msgspec.Struct):
+    """``resize``: :class:`Apply` with ``component`` given a new ``placement`` string,
+    other node groups, or both."""
+
+    job: str
+    component: str
+    placement: str | None = None
+    node_group: str | list[str] | None = None
+    timeout_s: float = 300.0
+    dry_run: bool = False
+    token: str = ""
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        ComponentOf(self.job, self.component)
+        self.timeout_s = check_timeout(self.timeout_s)
+        check_flag(self.dry_run, "dry_run")
+        check_token(self.token)
+        check_flag(self.force, "force")
+
+
+class LeasePorts(msgspec.Struct):
+    """``lease_ports``: ``count`` ports (``consecutive`` or not) on the node of
+    ``component``'s ``rank``, found again by ``name`` or ``request_id``."""
+
+    job: str
+    component: str
+    rank: int = 0
+    count: int = 1
+    consecutive: bool = True
+    name: str | None = None
+    request_id: str | None = None
+    token: str = ""
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        ComponentOf(self.job, self.component)
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int):
+            raise ReservationError(f"rank {self.rank!r}: expected an int")
+        check_request(self.count, self.consecutive)
+        lease_purpose(self.name, self.request_id)
+        check_token(self.token)
+        check_flag(self.force, "force")
+
+
+class ReleasePorts(msgspec.Struct):
+    """``release_ports``: end the leases of ``job`` holding any of ``ports``."""
+
+    job: str
+    ports: list[int]
+    token: str = ""
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        check_job(self.job)
+        if not isinstance(self.ports, (list, tuple)) or not all(
+            isinstance(p, int) and not isinstance(p, bool) for p in self.ports
+        ):
+            raise ReservationError(f"ports {self.ports!r}: expected a list of port numbers")
+        self.ports = list(self.ports)
+        check_token(self.token)
+        check_flag(self.force, "force")
+
+
+class SetQuota(msgspec.Struct):
+    """``set_quota``: ``queue``'s ``limits`` (resource -> most; ``{}`` removes it), with
+    the operator's ``token`` or ``force``."""
+
+    queue: str
+    limits: dict[str, float]
+    token: str = ""
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        self.queue = check_queue(self.queue, allow_empty=False)
+        self.limits = check_quota(self.limits)
+        check_token(self.token)
+        check_flag(self.force, "force")
+
+
+class SetOperator(msgspec.Struct):
+    """``set_operator``: make ``token`` the operator's (``force``: replace another)."""
+
+    token: str
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if not check_token(self.token):
+            raise ReservationError("operator token: expected a non-empty string")
+        check_flag(self.force, "force")
+
+
+class EventsSince(msgspec.Struct):
+    """``events``: the newest ``limit`` events (of ``job``, else all) above ``after``."""
+
+    job: str | None = None
+    after: int = 0
+    limit: int = 100
+
+    def __post_init__(self) -> None:
+        if self.job is not None:
+            check_job(self.job)
+        if isinstance(self.after, bool) or not isinstance(self.after, int) or self.after < 0:
+            raise ReservationError(f"after {self.after!r}: expected an event number >= 0")
+        if (
+            isinstance(self.limit, bool)
+            or not isinstance(self.limit, int)
+            or not 0 < self.limit <= 10_000
+        ):
+            raise ReservationError(f"limit {self.limit!r}: expected an int in [1, 10000]")
+
+
+class Fault(msgspec.Struct):
+    """``arm_fault`` (tests): crash the next time ``step`` is reached (None: disarm)."""
+
+    step: str | None = None

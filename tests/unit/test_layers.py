@@ -148,3 +148,24 @@ def test_the_state_hands_out_records_that_cannot_be_changed():
 def test_runtime_modules_stay_small():
     sizes = {p.name: len(p.read_text().splitlines()) for p in sources("controller/runtime")}
     assert {n: s for n, s in sizes.items() if s > 400} == {}
+
+
+# The one abstract method: each placement strategy says how it assigns ranks.
+ABSTRACT = {("controller/planning/strategies/base.py", "assign")}
+
+
+def test_no_class_stubs_what_another_provides():
+    """No mixins: a class uses what it was given or inherited from a real base, never a
+    method stubbed to be filled in by whatever class it is mixed into."""
+    stubs = set()
+    for path in sources("controller", "clients"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = [n for n in node.body if not isinstance(n, ast.Expr)]  # docstring
+                if (
+                    len(body) == 1
+                    and isinstance(body[0], ast.Raise)
+                    and "NotImplementedError" in ast.unparse(body[0])
+                ):
+                    stubs.add((str(path.relative_to(ROOT)), node.name))
+    assert stubs == ABSTRACT

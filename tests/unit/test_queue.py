@@ -119,7 +119,7 @@ def test_queued_jobs_are_admitted_in_priority_order_as_others_release():
         got = info(await asyncio.wait_for(high, 5))
         assert got.state == "ready"
         # low needs high's node too: it waits, even though its other node is free
-        await until(lambda: "held by high" in ctl._admitter.why("low")[1])
+        await until(lambda: "held by high" in ctl.ops.admitter.why("low")[1])
         assert stored(fake, "low").state == "queued"
         await ctl.release("high")
         assert info(await asyncio.wait_for(low, 5)).state == "ready"
@@ -231,7 +231,7 @@ def test_a_quota_keeps_a_queue_waiting_while_the_cluster_has_room():
         two = asyncio.create_task(ctl.reserve("two", q("4-7"), 10, queue="team"))
         await until(lambda: (r := stored(fake, "two")) is not None and r.state == "queued")
         entries = msgspec.msgpack.decode(await ctl.queue(), type=list[QueueEntry])
-        await until(lambda: "at its quota" in ctl._admitter.why("two")[1])
+        await until(lambda: "at its quota" in ctl.ops.admitter.why("two")[1])
         assert entries[0].job == "two"
         await ctl.release("one")
         assert info(await asyncio.wait_for(two, 5)).state == "ready"
@@ -310,7 +310,7 @@ def test_what_is_not_preemptible_or_of_higher_priority_is_never_taken():
         await ctl.reserve("high", q("4-7"), 5, priority=9, preemptible=True)
         a = asyncio.create_task(ctl.reserve("a", q("0-3"), 10, queue="q", priority=5))
         b = asyncio.create_task(ctl.reserve("b", q("4-7"), 10, queue="q", priority=5))
-        await until(lambda: ctl._admitter.why("a") and ctl._admitter.why("b"))
+        await until(lambda: ctl.ops.admitter.why("a") and ctl.ops.admitter.why("b"))
         await asyncio.sleep(0.5)  # well past the grace: nothing happens
         assert not stored(fake, "firm").preempt_at and not stored(fake, "high").preempt_at
         assert stored(fake, "a").state == stored(fake, "b").state == "queued"

@@ -160,7 +160,7 @@ def test_stop_ends_every_task_the_controller_started():
         vip = asyncio.create_task(
             ctl.reserve("vip", spec("0-3", num_nodes=2), 30, queue="q", priority=5)
         )
-        await until(lambda: "preempted low" in (ctl._admitter.why("vip") or ("", ""))[1])
+        await until(lambda: "preempted low" in (ctl.ops.admitter.why("vip") or ("", ""))[1])
         await asyncio.sleep(0)  # the preemption is started, and waits for low's lock
         await ctl.stop()
         ours = {asyncio.current_task(), lease}  # the test's own, not the controller's

@@ -1,0 +1,49 @@
+"""The operations of one controller, made once and handed around as one object.
+
+Each operation is built from the shared parts (a :class:`Context`) and the operations it
+uses, in the order they use each other; the calls (:mod:`change_calls`, :mod:`read_calls`,
+:mod:`queue_calls`, :mod:`diagnostics`) and the loop take this one object.
+"""
+
+from __future__ import annotations
+
+from controller.runtime.applying import Applier
+from controller.runtime.checks import Checker
+from controller.runtime.context import Context
+from controller.runtime.leasing import Leaser
+from controller.runtime.liveness import Liveness
+from controller.runtime.reconcile import Reconciler
+from controller.runtime.repair import Repairer
+from controller.runtime.reserving import Reserver
+
+
+class Operations:
+    """What one controller does, one object per kind.
+
+    Attributes:
+        checker: what Ray says about each reservation, ready or degraded.
+        leaser: master ports and leased ports.
+        repairer: replacing a lost node's slots (the one place to open to change repair).
+        reserver: reserve, cancel, release; it owns the ``admitter`` (the queue).
+        applier: apply and resize.
+        reconciler: recovery on start, and the loop's ticks.
+        liveness: the raylets of reserved nodes asked whether they answer; a node that
+            does not is fenced, and its jobs checked at once.
+    """
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.checker = Checker(ctx)
+        self.leaser = Leaser(ctx)
+        self.repairer = Repairer(ctx, self.checker, self.leaser)
+        self.reserver = Reserver(ctx, self.checker, self.leaser, self.repairer)
+        self.admitter = self.reserver.admitter
+        self.applier = Applier(ctx, self.checker, self.leaser)
+        self.reconciler = Reconciler(ctx, self.checker, self.reserver, self.repairer)
+        self.liveness = Liveness(ctx, self._fenced)
+
+    def _fenced(self, node: str) -> None:
+        """A node was fenced: its jobs are checked, and repaired, at once."""
+        for job in self.ctx.state.jobs_on(node):
+            self.checker.recheck(job)
+        self.checker.wake()
