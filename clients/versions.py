@@ -10,7 +10,7 @@ from controller.version import version
 # Ray before 2.60 kills, at its first task, a process whose visible devices are set from
 # its runtime environment and are fewer than the node's (an IndexError in Ray's
 # get_accelerator_ids): every placectl process that holds several accelerators.
-# scripts/check_ray.py shows it.
+# scripts/tools/check_ray.py shows it.
 MIN_RAY = (2, 60)
 
 

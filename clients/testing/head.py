@@ -1,7 +1,7 @@
 """A local Ray cluster whose head can be restarted: Ray's GCS fault tolerance on a Redis
 server of its own.
 
-Used by the head-restart tests, ``scripts/bench_head.py`` and ``scripts/chaos.py``. The
+Used by the head-restart tests, ``scripts/bench/bench_head.py`` and ``scripts/chaos/chaos.py``. The
 Redis server binds to 127.0.0.1 on a free port, keeps nothing on disk, and is stopped by
 its pid. The head's GCS listens on a fixed port so that the worker raylets, the workers
 and the drivers find the new GCS where the old one was.

@@ -42,7 +42,7 @@ VISIBLE_DEVICES = {
 VLLM = "vllm"
 
 # RLinf's names for where a process runs, set as its WorkerGroup sets them, so a process
-# written for RLinf's scheduler finds them (scripts/conformance_rlinf_env.py compares).
+# written for RLinf's scheduler finds them (scripts/conformance/conformance_rlinf_env.py compares).
 RLINF_PLACEMENT = (
     "CLUSTER_NODE_RANK",
     "LOCAL_ACCELERATOR_RANK",

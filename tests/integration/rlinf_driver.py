@@ -1,6 +1,6 @@
 """An RLinf driver, as an RLinf user writes one, on a placectl reservation.
 
-Run by tests/integration/test_rlinf.py and scripts/bench_rlinf.py in a process of its own
+Run by tests/integration/test_rlinf.py and scripts/bench/bench_rlinf.py in a process of its own
 (RLinf's ``Cluster`` is one per process and starts Ray itself)::
 
     python rlinf_driver.py JOB CONFIG OUT [--own] [--hold SECONDS]

@@ -51,7 +51,7 @@ def test_a_reservation_on_a_cluster_with_no_gpu_node_gets_its_nodes_and_gives_th
 
 
 def test_a_plain_placement_group_gets_its_nodes_from_the_same_autoscaler(cluster):
-    """The baseline the reservation is measured against (scripts/bench/autoscaling.py)."""
+    """The baseline the reservation is measured against (scripts/bench/bench_autoscaling.py)."""
     with LocalAutoscaler(cluster, idle_timeout_s=3) as scaler:
         pg = placement_group([{"GPU": 1, "CPU": 1}] * 8, strategy="PACK")
         assert pg.wait(timeout_seconds=120)

@@ -1,4 +1,4 @@
-"""A real GRPO job (scripts/train.py) through machines that fail as real ones do (a node
+"""A real GRPO job (scripts/job/train.py) through machines that fail as real ones do (a node
 killed without a word, a hung node, a worker killed by the OOM killer, a worker stopped
 inside a step), a driver crash, a controller kill and a grow, against a fault-free run
 of the same seed. The training math is the oracle: its rewards and losses do not care
@@ -20,7 +20,7 @@ def train(tmp_path, steps: int, faults: str, *extra: str) -> dict:
     records = tmp_path / "runs.json"
     cmd = [
         sys.executable,
-        str(ROOT / "scripts" / "train.py"),
+        str(ROOT / "scripts" / "job" / "train.py"),
         f"--steps={steps}",
         f"--faults={faults}",
         "--compare",

@@ -36,12 +36,12 @@ def test_every_error_class_is_in_the_reference_and_exported_by_both_packages():
 
 
 def test_the_cli_reference_is_what_the_cli_prints():
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "scripts" / "tools"))
     try:
         import cli_reference
     finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    assert text(cli_reference.PAGE) == cli_reference.page(), "run scripts/cli_reference.py"
+        sys.path.remove(str(ROOT / "scripts" / "tools"))
+    assert text(cli_reference.PAGE) == cli_reference.page(), "run scripts/tools/cli_reference.py"
 
 
 def test_the_version_is_the_packages():
@@ -66,7 +66,7 @@ def test_every_relative_link_leads_to_a_file(page):
     assert missing == []
 
 
-# A path of the repository in backticks: `scripts/train.py`, `clients/testing/machines.py`.
+# A path of the repository in backticks: `scripts/job/train.py`, `clients/testing/machines.py`.
 PATH = re.compile(r"`((?:scripts|clients|controller|tests|docs)/[\w./-]+)`")
 
 

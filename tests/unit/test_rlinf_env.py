@@ -4,7 +4,7 @@ RLinf 0.3.0's ``WorkerGroup._create_workers`` (the code that gives each RLinf wo
 ``RANK``, ``CLUSTER_NODE_RANK``, ``LOCAL_ACCELERATOR_RANK``, ``CUDA_VISIBLE_DEVICES``,
 ...) runs on a stand-in cluster for a few of RLinf's own cluster blocks, once on RLinf's
 placements and once on placectl's plan; placectl's own environment is compared with
-RLinf's on every variable both set. ``scripts/conformance_rlinf_env.py`` does this for
+RLinf's on every variable both set. ``scripts/conformance/conformance_rlinf_env.py`` does this for
 every configuration of an RLinf checkout; these blocks keep it in CI.
 """
 
@@ -20,7 +20,7 @@ pytest.importorskip("rlinf.scheduler", reason="rlinf==0.3.0 is installed by scri
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location(
-    "conformance_rlinf_env", ROOT / "scripts" / "conformance_rlinf_env.py"
+    "conformance_rlinf_env", ROOT / "scripts" / "conformance" / "conformance_rlinf_env.py"
 )
 env_conformance = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(env_conformance)

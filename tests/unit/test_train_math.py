@@ -1,4 +1,4 @@
-"""The GRPO job's math (scripts/grpo), without Ray: what makes a faulted run comparable
+"""The GRPO job's math (scripts/job/grpo), without Ray: what makes a faulted run comparable
 with a fault-free one. Sampling does not depend on how the prompts are split over
 rollout workers, averaging equal shards' gradients (what DDP does) is the full batch's
 gradient, and the comparison catches a difference."""
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts" / "job"))
 
 from grpo import report, task  # noqa: E402
 from grpo.config import TrainConfig  # noqa: E402

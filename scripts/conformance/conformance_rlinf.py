@@ -16,7 +16,7 @@ placeholders for the user to fill in (``robot_ip: ROBOT_IP``), which RLinf's con
 check rejects, are replaced by TEST-NET addresses (192.0.2.x) on both sides first:
 they say nothing about placement.
 
-Usage: scripts/conformance_rlinf.py --rlinf PATH [--gpus-per-node 8] [--details]
+Usage: scripts/conformance/conformance_rlinf.py --rlinf PATH [--gpus-per-node 8] [--details]
 Without --rlinf (or with a path that is not an RLinf checkout) it says so and exits 0.
 """
 
@@ -36,7 +36,7 @@ import sys
 import types
 import warnings
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 STANDINS = ("ray", "torch", "icmplib", "pyrealsense2", "cv2")
 CONFIG_DIRS = ("examples", "tests/e2e_tests", "evaluations")

@@ -14,7 +14,7 @@ Each row is the driver's own clock: cluster up, and cluster up plus every group
 launched and answering. The reservation is released after each trial, so RLinf's own
 workers (which ask Ray for a CPU each) find the CPUs free.
 
-Usage: scripts/bench_rlinf.py [--trials N]
+Usage: scripts/bench/bench_rlinf.py [--trials N]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DRIVER = REPO / "tests" / "integration" / "rlinf_driver.py"
 CONFIG = REPO / "tests" / "integration" / "data" / "rlinf_libero_dagger.yaml"
 

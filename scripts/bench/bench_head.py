@@ -22,7 +22,7 @@ Timed from the start of the new GCS, by a driver that connects as soon as it can
 It also checks, at every trial, that the surviving node's groups are the same groups in
 state CREATED and the workers there the same processes.
 
-Usage: scripts/bench_head.py [--trials 3]
+Usage: scripts/bench/bench_head.py [--trials 3]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import time
 import ray
 from ray.util.placement_group import placement_group_table
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import clients
 from clients.testing.head import FaultTolerantCluster, restartable_cluster

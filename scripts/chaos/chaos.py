@@ -18,9 +18,9 @@ GCS fault tolerance on a Redis server this script starts,
 rewriting the table as placectl 0.1 left it (format 1) and killing the controller,
 concurrent leases under one name.
 
-Invariants, checked once the table has settled after each step: scripts/chaos_invariants.py.
+Invariants, checked once the table has settled after each step: scripts/chaos/chaos_invariants.py.
 
-Usage: scripts/chaos.py [--steps 200] [--seed 1]
+Usage: scripts/chaos/chaos.py [--steps 200] [--seed 1]
 Prints every operation, the faults injected, the violations found; exits 1 on any.
 """
 
@@ -40,7 +40,7 @@ from collections import Counter
 
 import ray
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 from chaos_invariants import Invariants
 from chaos_machines import MachineFaults
@@ -215,7 +215,7 @@ class Chaos:
         )
         self.waiting[job] = subprocess.Popen(
             [sys.executable, "-c", code, json.dumps(spec)],
-            cwd=pathlib.Path(__file__).resolve().parents[1],
+            cwd=pathlib.Path(__file__).resolve().parents[2],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

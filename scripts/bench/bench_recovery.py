@@ -10,7 +10,7 @@ higher epoch on the spare; a new node then joins as the next spare. Two modes:
 * ``restarting``: the controller is killed (Ray restarts it) just before the node dies,
   so the new incarnation must find the loss by itself, with no call to wake it.
 
-Usage: scripts/bench_recovery.py [--trials 20]
+Usage: scripts/bench/bench_recovery.py [--trials 20]
 """
 
 from __future__ import annotations

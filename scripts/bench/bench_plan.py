@@ -16,7 +16,7 @@ With ``--domains`` it also plans the same configuration on nodes in NVLink domai
 ``actor,rollout`` segments of 64 checked to stay within one domain: node order plus
 planning, beside the same plan without topology, in one run.
 
-Usage: scripts/bench_plan.py [--repeat 5] [--nodes 128 256 512 1024] [--baseline-max 512]
+Usage: scripts/bench/bench_plan.py [--repeat 5] [--nodes 128 256 512 1024] [--baseline-max 512]
        [--domains 1024 10000]
 """
 

@@ -1,4 +1,4 @@
-"""The machine faults of ``scripts/chaos.py``: nodes that die without a word, hung nodes
+"""The machine faults of ``scripts/chaos/chaos.py``: nodes that die without a word, hung nodes
 that come back after they were given up, workers killed under a live worker group, and
 the invariants they add.
 

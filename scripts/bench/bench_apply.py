@@ -12,7 +12,7 @@ workers, in alternating trials:
 Each is timed from the decision to grow to every worker of the grown group answering,
 and counts the workers of the first 8 ranks that were restarted (their actor ids).
 
-Usage: scripts/bench_apply.py [--trials 3]
+Usage: scripts/bench/bench_apply.py [--trials 3]
 """
 
 from __future__ import annotations

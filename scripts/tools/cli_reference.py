@@ -3,7 +3,7 @@
 `placectl COMMAND --help` prints it. tests/unit/test_docs.py fails when the page differs
 from what this writes, so the reference cannot drift from the CLI.
 
-Usage: scripts/cli_reference.py [--check]
+Usage: scripts/tools/cli_reference.py [--check]
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import sys
 
 import click
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 from clients import exit_codes
 from clients.cli import cli
 
-PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "reference" / "cli.md"
+PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "reference" / "cli.md"
 HEAD = """# Command line
 
-Generated from the CLI by `scripts/cli_reference.py`: every command's `--help`, and the
+Generated from the CLI by `scripts/tools/cli_reference.py`: every command's `--help`, and the
 exit codes. An error is one line on stderr (`--debug` shows the traceback behind it)
 and one of these exit codes, so a script can tell what to retry from what to fix:
 
@@ -70,7 +70,7 @@ def main() -> int:
     text = page()
     if "--check" in sys.argv:
         if PAGE.read_text() != text:
-            print(f"{PAGE} is stale: run scripts/cli_reference.py", file=sys.stderr)
+            print(f"{PAGE} is stale: run scripts/tools/cli_reference.py", file=sys.stderr)
             return 1
         return 0
     PAGE.write_text(text)

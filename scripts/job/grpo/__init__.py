@@ -3,5 +3,5 @@
 ``task`` is the math (policy, task, reward, loss: torch only, no Ray), ``workers`` the
 processes placectl places (trainer ranks in a DDP group, rollout workers colocated with
 them, reward workers on a node), ``job`` the driver's loop with its recovery, and
-``scripts/train.py`` the entry point that runs drivers and injects faults.
+``scripts/job/train.py`` the entry point that runs drivers and injects faults.
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Recovery of a real training job, fault by fault: placectl against starting over.
 
-Each trial runs the GRPO job of ``scripts/train.py`` twice on one local cluster (a head
+Each trial runs the GRPO job of ``scripts/job/train.py`` twice on one local cluster (a head
 and five nodes of 2 fake GPUs), with the same seed and fault schedule: once recovering
 with placectl (``repair()`` relaunches the lost ranks, a new driver attaches to the
 reservation and its detached workers, ``apply`` + ``sync()`` grows rollout), once as a
@@ -13,7 +13,7 @@ per-step metrics equal the first run's.
 With ``--tight-health-checks`` the cluster checks its nodes' health as the docs
 recommend (``clients.testing.machines.TIGHT_HEALTH_CHECKS``) instead of Ray's defaults.
 
-Usage: scripts/bench_train_faults.py [--trials 3] [--faults crash@3,hang@6]
+Usage: scripts/bench/bench_train_faults.py [--trials 3] [--faults crash@3,hang@6]
                                      [--tight-health-checks]
 """
 
@@ -25,7 +25,7 @@ import statistics
 import sys
 import tempfile
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "job"))
 
 import train
 from grpo import report

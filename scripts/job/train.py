@@ -47,7 +47,7 @@ as real machines fail:
 nothing, relaunch every worker, restore); ``--compare`` runs without faults first and
 checks that the faulted run's per-step metrics are equal.
 
-Usage: scripts/train.py [--steps 40] [--seed 0] [--faults SPEC] [--compare]
+Usage: scripts/job/train.py [--steps 40] [--seed 0] [--faults SPEC] [--compare]
                         [--baseline] [--plot reward.png] [--json out.json]
 """
 
@@ -64,7 +64,7 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-sys.path.insert(1, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import msgspec
 import yaml
@@ -75,7 +75,7 @@ from grpo.job import MACHINE_FAULTS
 from clients.testing import machines
 
 HERE = pathlib.Path(__file__).resolve().parent
-SPEC = HERE / "examples" / "grpo.yaml"
+SPEC = HERE.parent / "examples" / "grpo.yaml"
 KINDS = (
     "node",
     "crash",

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A drain with notice against a crash at the deadline, on a real training job.
 
-Each trial runs the GRPO job of ``scripts/train.py`` on one local cluster twice with the
+Each trial runs the GRPO job of ``scripts/job/train.py`` on one local cluster twice with the
 same seed: once with ``drain@N`` (Ray's PREEMPTION drain of trainer rank 0's node with a
 ``--notice`` deadline; placectl moves the slot to the spare, the job starts the moved
 ranks' replacements beside the running ones and swaps them in at a step boundary), once
@@ -11,7 +11,7 @@ slowest step after the fault and the seconds lost (every step after the fault be
 the normal one, recoveries included), and checks that both runs' per-step metrics equal
 the first run's.
 
-Usage: scripts/bench_drain.py [--trials 2] [--steps 30] [--at 3] [--notice 30]
+Usage: scripts/bench/bench_drain.py [--trials 2] [--steps 30] [--at 3] [--notice 30]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import statistics
 import sys
 import tempfile
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "job"))
 
 import train
 from grpo import report

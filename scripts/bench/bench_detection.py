@@ -10,7 +10,7 @@ and polls Ray's node table until the node is dead: once for a node that holds no
 reservation (only Ray's checks can notice it), once for a node that holds a placectl
 slot (placectl's checks run too). Trials alternate which goes first.
 
-Usage: scripts/bench_detection.py [--trials 2] [--kinds crash,hang,raylet]
+Usage: scripts/bench/bench_detection.py [--trials 2] [--kinds crash,hang,raylet]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import ray
 from ray.cluster_utils import Cluster

@@ -12,7 +12,7 @@ goes on from the last committed step.
 releases everything, reserves from nothing, relaunches every worker and restores (its
 workers are not detached, so they die with their driver).
 
-The driver talks to ``scripts/train.py`` over stdin/stdout: ``@step``/``@event`` lines
+The driver talks to ``scripts/job/train.py`` over stdin/stdout: ``@step``/``@event`` lines
 out, and at a scheduled fault ``@fault`` out and one line back once the fault is done.
 """
 

@@ -13,7 +13,7 @@ Then a driver restart, timed in a fresh driver process from ``ray.init`` to ever
 answering: verl starts over (placement groups and workers); placectl re-attaches to the
 reservation and its detached workers, or re-launches workers into the kept reservation.
 
-Usage: scripts/bench_verl.py [--trials 3]
+Usage: scripts/bench/bench_verl.py [--trials 3]
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ is compared with (1) on every variable both set, the node group's ``env_configs`
 included. Known, deliberate differences are counted apart and explained in
 docs/evidence/conformance.md.
 
-Usage: scripts/conformance_rlinf_env.py --rlinf PATH [--gpus-per-node 8] [--details]
+Usage: scripts/conformance/conformance_rlinf_env.py --rlinf PATH [--gpus-per-node 8] [--details]
 Without --rlinf, or without rlinf installed, it says so and exits 0.
 """
 
@@ -35,7 +35,7 @@ import types
 import warnings
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
 
 import conformance_rlinf as conf  # noqa: E402  (the configs and RLinf's test cluster)

@@ -12,7 +12,7 @@ one holder, priorities 0-9). Measured, in one run:
 * the time to queue 1,000 reservations (each is planned once, to refuse at once what
   could never fit).
 
-Usage: scripts/bench_queue.py [--nodes 1000] [--queued 1000] [--releases 5]
+Usage: scripts/bench/bench_queue.py [--nodes 1000] [--queued 1000] [--releases 5]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from bench_control_plane import QUIET, RAY, QuietCluster, job_spec

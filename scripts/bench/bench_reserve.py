@@ -12,7 +12,7 @@ On a local cluster of 4 nodes x 8 fake GPUs (plus a head without GPUs), in one r
    reservation up, fetch every component's assignments), after ``ray.init``.
 3. ``assignments()`` latency against a no-op actor call, both uncached round trips.
 
-Usage: scripts/bench_reserve.py [--repeat 3]
+Usage: scripts/bench/bench_reserve.py [--repeat 3]
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ on a local cluster (a head and two raylets with 4 fake GPUs each):
   (``CUDA_VISIBLE_DEVICES=2,3``), starts and runs a task. Ray before 2.60 maps each
   device slot through that list and fails with an IndexError at the task's start.
 
-Prints one line per behaviour and exits 1 if one fails. Usage: scripts/check_ray.py
+Prints one line per behaviour and exits 1 if one fails. Usage: scripts/tools/check_ray.py
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The invariants scripts/chaos.py checks after every step, with the memory they need
+"""The invariants scripts/chaos/chaos.py checks after every step, with the memory they need
 from one check to the next. They read only the table (as drivers do) and Ray's own
 tables: no check calls the controller.
 

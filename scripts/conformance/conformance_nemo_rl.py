@@ -10,7 +10,7 @@ Each case is a cluster of nodes with a domain and a topology rank (or none); NeM
 order of one-GPU bundles is compared with placectl's node order of the same nodes
 (``order_nodes``, the nodes carrying NeMo-RL's resources), GPU by GPU.
 
-Usage: scripts/conformance_nemo_rl.py --nemo-rl PATH
+Usage: scripts/conformance/conformance_nemo_rl.py --nemo-rl PATH
 Without --nemo-rl (or with a path that is not a NeMo-RL checkout) it says so and exits 0.
 """
 
@@ -24,7 +24,7 @@ import random
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
 
 import conformance_rlinf as standins  # noqa: E402  (import stand-ins for Ray)

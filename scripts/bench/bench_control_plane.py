@@ -14,7 +14,7 @@ colocating actor and rollout on all GPUs of its nodes. Measured:
 * repair of one lost node of the big job;
 * a driver's attach and assignments() of the big job, from the stored table.
 
-Usage: scripts/bench_control_plane.py [--sizes 100,1000,4000] [--real 8]
+Usage: scripts/bench/bench_control_plane.py [--sizes 100,1000,4000] [--real 8]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 from clients.testing.fake_table import DriverTable
 from controller.runtime.controller import PlacementController

@@ -11,7 +11,7 @@ On a local cluster of 2 nodes x 8 fake GPUs, in one run:
 3. The driver-side ``Reservation.assignments`` (one GCS read, planned locally) with a
    fresh reservation object each time.
 
-Usage: scripts/bench_workers.py [--repeat 5]
+Usage: scripts/bench/bench_workers.py [--repeat 5]
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ GPU node is left, then measures from the call to ready: ``ctl.reserve(job,
 the probe of every bundle's device and the published assignments), and a PACK placement
 group of 8 x {GPU: 1, CPU: 1} (Ray's own demand; ready once placed).
 
-Usage: scripts/bench_autoscaling.py [--trials 3]
+Usage: scripts/bench/bench_autoscaling.py [--trials 3]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group, remove_placement_group
 
-sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import clients
 from clients.testing.autoscaler import LocalAutoscaler
