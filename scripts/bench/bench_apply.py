@@ -17,13 +17,10 @@ Usage: scripts/bench/bench_apply.py [--trials 3]
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
 import time
 
 import ray
-from ray.cluster_utils import Cluster
+from harness import Results, local_cluster, parser
 
 import clients
 
@@ -77,45 +74,43 @@ def by_release_and_reserve(ctl) -> tuple[float, int]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--trials", type=int, default=3)
     args = ap.parse_args()
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
-    for _ in range(NODES):
-        cluster.add_node(num_cpus=GPUS * 2, num_gpus=GPUS)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
-    ctl = clients.connect()
-    print(f"{NODES} nodes x {GPUS} fake GPUs; actor,rollout 0-7 -> 0-15 with 8 -> 16 workers")
+    results = Results("apply", args)
     samples: dict[str, list[tuple[float, int]]] = {"apply": [], "baseline": []}
-    try:
-        for t in range(args.trials):
-            order = ("apply", "baseline") if t % 2 == 0 else ("baseline", "apply")
-            for name in order:
-                fn = by_apply if name == "apply" else by_release_and_reserve
-                samples[name].append(fn(ctl))
-            print(
-                f"  trial {t + 1}: apply {samples['apply'][-1][0]:.2f} s, "
-                f"release+reserve+relaunch {samples['baseline'][-1][0]:.2f} s"
-            )
-    finally:
-        ctl.release_all()
-        ray.shutdown()
-        cluster.shutdown()
-    base = statistics.median(s for s, _ in samples["baseline"])
+    with local_cluster(NODES, gpus=GPUS, cpus=GPUS * 2, log_level="ERROR"):
+        ctl = clients.connect()
+        print(f"{NODES} nodes x {GPUS} fake GPUs; actor,rollout 0-7 -> 0-15 with 8 -> 16 workers")
+        try:
+            for t in range(args.trials):
+                order = ("apply", "baseline") if t % 2 == 0 else ("baseline", "apply")
+                for name in order:
+                    fn = by_apply if name == "apply" else by_release_and_reserve
+                    samples[name].append(fn(ctl))
+                print(
+                    f"  trial {t + 1}: apply {samples['apply'][-1][0]:.2f} s, "
+                    f"release+reserve+relaunch {samples['baseline'][-1][0]:.2f} s"
+                )
+        finally:
+            ctl.release_all()
     for label, name in (
         ("release + reserve + relaunch", "baseline"),
         ("apply + sync", "apply"),
     ):
         times = [s for s, _ in samples[name]]
-        med = statistics.median(times)
         restarts = max(r for _, r in samples[name])
-        print(
-            f"  {label:<30} median {med:6.2f} s ({med / base:.2f}x)  unchanged workers "
-            f"restarted: {restarts} of 8   samples {' '.join(f'{x:.2f}' for x in times)}"
+        m = results.add(
+            name, times, baseline=None if name == "baseline" else "baseline", restarted=restarts
         )
-    print(f"  of which the apply call: median {statistics.median(APPLY_PART):.2f} s")
+        print(
+            f"  {label:<30} median {m['median']:6.2f} s ({m.get('ratio', 1.0):.2f}x)  "
+            f"unchanged workers restarted: {restarts} of 8   "
+            f"samples {' '.join(f'{x:.2f}' for x in times)}"
+        )
+    part = results.add("apply call", APPLY_PART)
+    print(f"  of which the apply call: median {part['median']:.2f} s")
+    results.write()
     return 0
 
 

@@ -16,17 +16,11 @@ Usage: scripts/bench/bench_autoscaling.py [--trials 3]
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
-import sys
 import time
 
 import ray
-from ray.cluster_utils import Cluster
+from harness import Results, local_cluster, parser
 from ray.util.placement_group import placement_group, remove_placement_group
-
-sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import clients
 from clients.testing.autoscaler import LocalAutoscaler
@@ -65,16 +59,14 @@ def plain_once() -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--trials", type=int, default=3)
     args = ap.parse_args()
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
-    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
-    ctl = clients.connect()
+    results = Results("autoscaling", args)
     times: dict[str, list[float]] = {"placectl": [], "plain": []}
     launched: dict[str, list[int]] = {"placectl": [], "plain": []}
-    try:
+    with local_cluster(0, log_level="ERROR") as (cluster, _):
+        ctl = clients.connect()
         with LocalAutoscaler(cluster, idle_timeout_s=2) as scaler:
             for trial in range(args.trials):
                 order = ["placectl", "plain"] if trial % 2 == 0 else ["plain", "placectl"]
@@ -85,16 +77,17 @@ def main() -> int:
                     times[how].append(took)
                     launched[how].append(len(scaler.settle()) - before)
                     print(f"trial {trial} {how}: ready in {took:.2f}s", flush=True)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-    a, b = statistics.median(times["placectl"]), statistics.median(times["plain"])
+    results.add("plain", times["plain"], launched=launched["plain"])
+    ours = results.add(
+        "placectl", times["placectl"], baseline="plain", launched=launched["placectl"]
+    )
     print(f"\n== {args.trials} trials, from zero GPU nodes to ready (4-GPU nodes, 8 GPUs asked)")
-    for how, med in (("placectl reserve", a), ("plain placement group", b)):
-        key = "placectl" if how.startswith("placectl") else "plain"
+    for how, key in (("placectl reserve", "placectl"), ("plain placement group", "plain")):
         xs = ", ".join(f"{x:.2f}" for x in times[key])
+        med = results.get(key)["median"]
         print(f"{how:<24} {med:6.2f}s  ({xs}); nodes launched {launched[key]}")
-    print(f"ratio {a / b:.2f}")
+    print(f"ratio {ours['ratio']:.2f}")
+    results.write()
     return 0
 
 

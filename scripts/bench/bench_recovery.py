@@ -15,26 +15,17 @@ Usage: scripts/bench/bench_recovery.py [--trials 20]
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
 import time
 
 import ray
-from ray.cluster_utils import Cluster
+from harness import Results, local_cluster, parser
 
 import clients
 
 GPUS = 4
 
 
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
-
-
-def trial(cluster: Cluster, ctl, restart: bool) -> float:
+def trial(cluster, ctl, restart: bool) -> float:
     reader = clients.Controller(None)  # reads the GCS only
     before = reader.record("bench")
     victim = next(n for n in cluster.list_all_nodes() if n.node_id == before.slots[0].node_id)
@@ -56,32 +47,25 @@ def trial(cluster: Cluster, ctl, restart: bool) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--trials", type=int, default=20)
     args = ap.parse_args()
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
-    for _ in range(3):
-        cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
-    ctl = clients.connect()
-    ctl.reserve("bench", {"num_nodes": 2, "component_placement": {"actor": "0-3"}}, 120)
-    results = {}
-    try:
-        for mode in ("alive", "restarting"):
-            samples = [trial(cluster, ctl, mode == "restarting") for _ in range(args.trials)]
-            results[mode] = samples
-            print(
-                f"{mode:<11} p50 {statistics.median(samples):.2f} s  "
-                f"p99 {percentile(samples, 99):.2f} s  max {max(samples):.2f} s  "
-                f"samples {' '.join(f'{s:.2f}' for s in samples)}",
-                flush=True,
-            )
-    finally:
-        ctl.release_all()
-        ray.shutdown()
-        cluster.shutdown()
+    results = Results("recovery", args)
+    with local_cluster(3, gpus=GPUS, log_level="ERROR") as (cluster, _):
+        ctl = clients.connect()
+        ctl.reserve("bench", {"num_nodes": 2, "component_placement": {"actor": "0-3"}}, 120)
+        try:
+            for mode in ("alive", "restarting"):
+                samples = [trial(cluster, ctl, mode == "restarting") for _ in range(args.trials)]
+                m = results.add(mode, samples)
+                print(
+                    f"{mode:<11} p50 {m['median']:.2f} s  p99 {m['p99']:.2f} s  "
+                    f"max {m['max']:.2f} s  samples {' '.join(f'{s:.2f}' for s in samples)}",
+                    flush=True,
+                )
+        finally:
+            ctl.release_all()
+    results.write()
     return 0
 
 

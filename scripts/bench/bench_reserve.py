@@ -17,16 +17,14 @@ Usage: scripts/bench/bench_reserve.py [--repeat 3]
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 import subprocess
 import sys
 import textwrap
 import time
 
 import ray
-from ray.cluster_utils import Cluster
+from harness import Results, local_cluster, parser
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -91,27 +89,21 @@ def attach_from_new_driver(address: str) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["s"]
 
 
-def latencies(fn, n: int) -> tuple[float, float]:
+def timed(fn, n: int) -> list[float]:
     samples = []
     for _ in range(n):
         t0 = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t0)
-    samples.sort()
-    return statistics.median(samples), samples[int(0.99 * (len(samples) - 1))]
+    return samples
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
-    for _ in range(NODES):
-        cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
-    try:
+    results = Results("reserve", args)
+    with local_cluster(NODES, gpus=GPUS) as (cluster, _):
         ctl = clients.connect()
         ctl.release_all()
         ours, theirs = [], []
@@ -120,31 +112,36 @@ def main() -> None:
             ctl.release(f"bench-{i}")
             theirs.append(probe_actor_baseline())
             time.sleep(0.5)
-        o, t = statistics.median(ours), statistics.median(theirs)
+        t = results.add("probe actors", theirs)
+        o = results.add("placectl reserve", ours, baseline="probe actors")
         print(f"reserve + topology, {NODES}x{GPUS} GPUs, median of {args.repeat}:")
-        print(f"  placectl (pinned groups + probe tasks): {o:7.3f} s  {sorted(ours)}")
-        print(f"  probe actors (PACK group + 32 actors):  {t:7.3f} s  {sorted(theirs)}")
-        print(f"  ratio placectl / probe actors:          {o / t:7.3f}")
+        print(f"  placectl (pinned groups + probe tasks): {o['median']:7.3f} s  {sorted(ours)}")
+        print(f"  probe actors (PACK group + 32 actors):  {t['median']:7.3f} s  {sorted(theirs)}")
+        print(f"  ratio placectl / probe actors:          {o['ratio']:7.3f}")
 
         res = ctl.reserve("bench", LAYOUT, timeout_s=120)
-        attach = sorted(attach_from_new_driver(cluster.address) for _ in range(args.repeat))
+        attach = [attach_from_new_driver(cluster.address) for _ in range(args.repeat)]
+        m = results.add("attach from a new driver", attach)
         print(f"attach from a new driver (connect + lookup + {2 * NODES * GPUS} assignments):")
-        samples = [round(1000 * a, 1) for a in attach]
-        print(f"  median {1000 * statistics.median(attach):.1f} ms  {samples}")
+        samples = [round(1000 * a, 1) for a in sorted(attach)]
+        print(f"  median {1000 * m['median']:.1f} ms  {samples}")
 
         handle = ctl.handle
         ray.get(handle.assignments.remote("bench", "actor"))
-        a50, a99 = latencies(lambda: ray.get(handle.assignments.remote("bench", "actor")), 300)
-        n50, n99 = latencies(lambda: ray.get(handle.check_alive.remote()), 300)
+        n = results.add("no-op call", timed(lambda: ray.get(handle.check_alive.remote()), 300))
+        a = results.add(
+            "assignments call",
+            timed(lambda: ray.get(handle.assignments.remote("bench", "actor")), 300),
+            baseline="no-op call",
+        )
         print(
             f"round trip, 300 calls: assignments('actor', {len(res.assignments('actor'))} ranks) "
-            f"p50 {1000 * a50:.2f} ms p99 {1000 * a99:.2f} ms; no-op p50 {1000 * n50:.2f} ms "
-            f"p99 {1000 * n99:.2f} ms; p99 ratio {a99 / n99:.2f}"
+            f"p50 {1000 * a['median']:.2f} ms p99 {1000 * a['p99']:.2f} ms; no-op p50 "
+            f"{1000 * n['median']:.2f} ms p99 {1000 * n['p99']:.2f} ms; "
+            f"p99 ratio {a['p99'] / n['p99']:.2f}"
         )
         ctl.release_all()
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    results.write()
 
 
 if __name__ == "__main__":

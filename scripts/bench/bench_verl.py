@@ -18,10 +18,8 @@ Usage: scripts/bench/bench_verl.py [--trials 3]
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -29,7 +27,7 @@ import textwrap
 import time
 
 import ray
-from ray.cluster_utils import Cluster
+from harness import Results, local_cluster, parser
 from ray.util.placement_group import remove_placement_group
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
@@ -155,59 +153,63 @@ def line(label: str, samples: list[float], base: float | None = None) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--trials", type=int, default=3)
     args = ap.parse_args()
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
-    for _ in range(NODES):
-        cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
-    ctl = clients.connect()
-    print(f"{NODES} nodes x {GPUS} fake GPUs, {NODES * GPUS} verl workers, verl {VERL_VERSION}")
-    try:
-        own, launch, total = [], [], []
-        for t in range(args.trials):
-            # alternate which side goes first, so neither always gets the warmer cluster
-            if t % 2 == 0:
-                own.append(verl_own())
-                a, b = on_placectl(ctl)
-            else:
-                a, b = on_placectl(ctl)
-                own.append(verl_own())
-            launch.append(a)
-            total.append(b)
-            print(f"  trial {t + 1}: verl {own[-1]:.1f} s, placectl {a:.1f} s (+reserve {b:.1f} s)")
-        base = statistics.median(own)
-        print("launch to all ready")
-        print(line("verl RayWorkerGroup + own pool", own))
-        print(line("placectl worker_group", launch, base))
-        print(line("placectl reserve + worker_group", total, base))
+    results = Results("verl", args)
+    with local_cluster(NODES, gpus=GPUS, log_level="ERROR") as (cluster, _):
+        ctl = clients.connect()
+        print(f"{NODES} nodes x {GPUS} fake GPUs, {NODES * GPUS} verl workers, verl {VERL_VERSION}")
+        try:
+            own, launch, total = [], [], []
+            for t in range(args.trials):
+                # alternate which side goes first, so neither always gets the warmer cluster
+                if t % 2 == 0:
+                    own.append(verl_own())
+                    a, b = on_placectl(ctl)
+                else:
+                    a, b = on_placectl(ctl)
+                    own.append(verl_own())
+                launch.append(a)
+                total.append(b)
+                print(
+                    f"  trial {t + 1}: verl {own[-1]:.1f} s, "
+                    f"placectl {a:.1f} s (+reserve {b:.1f} s)"
+                )
+            results.add("verl launch", own)
+            results.add("placectl launch", launch, baseline="verl launch")
+            results.add("placectl reserve + launch", total, baseline="verl launch")
+            base = statistics.median(own)
+            print("launch to all ready")
+            print(line("verl RayWorkerGroup + own pool", own))
+            print(line("placectl worker_group", launch, base))
+            print(line("placectl reserve + worker_group", total, base))
 
-        print("driver restart, fresh driver process to all ready")
-        verl_restart, attach, relaunch = [], [], []
-        for _ in range(args.trials):
-            # verl's groups and workers end with its driver: the next one starts over
-            verl_restart.append(restarted_driver(cluster.address, "verl")[0])
-            wait_all_free()
-            # placectl's reservation outlives drivers: launch detached workers into it,
-            # then a later driver re-attaches to them
-            ctl.reserve("bench-verl", SPEC, timeout_s=300)
-            s, names = restarted_driver(cluster.address, "relaunch")
-            relaunch.append(s)
-            attach.append(restarted_driver(cluster.address, "attach")[0])
-            kill_named(names, WORKER_NAMESPACE)
-            ctl.release("bench-verl")
-            wait_all_free()
-        base = statistics.median(verl_restart)
-        print(line("verl: new groups + workers", verl_restart))
-        print(line("placectl: relaunch into reservation", relaunch, base))
-        print(line("placectl: re-attach detached workers", attach, base))
-    finally:
-        ctl.release_all()
-        ray.shutdown()
-        cluster.shutdown()
+            print("driver restart, fresh driver process to all ready")
+            verl_restart, attach, relaunch = [], [], []
+            for _ in range(args.trials):
+                # verl's groups and workers end with its driver: the next one starts over
+                verl_restart.append(restarted_driver(cluster.address, "verl")[0])
+                wait_all_free()
+                # placectl's reservation outlives drivers: launch detached workers into it,
+                # then a later driver re-attaches to them
+                ctl.reserve("bench-verl", SPEC, timeout_s=300)
+                s, names = restarted_driver(cluster.address, "relaunch")
+                relaunch.append(s)
+                attach.append(restarted_driver(cluster.address, "attach")[0])
+                kill_named(names, WORKER_NAMESPACE)
+                ctl.release("bench-verl")
+                wait_all_free()
+            results.add("verl driver restart", verl_restart)
+            results.add("placectl relaunch", relaunch, baseline="verl driver restart")
+            results.add("placectl re-attach", attach, baseline="verl driver restart")
+            base = statistics.median(verl_restart)
+            print(line("verl: new groups + workers", verl_restart))
+            print(line("placectl: relaunch into reservation", relaunch, base))
+            print(line("placectl: re-attach detached workers", attach, base))
+        finally:
+            ctl.release_all()
+    results.write()
     return 0
 
 

@@ -16,12 +16,11 @@ Usage: scripts/bench/bench_workers.py [--repeat 5]
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import ray
-from ray.cluster_utils import Cluster
+from harness import Results, local_cluster, parser
 
 import clients
 from clients.launching import options_for
@@ -102,15 +101,11 @@ def pct(samples: list[float], q: float) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
-    for _ in range(2):
-        cluster.add_node(num_cpus=8, num_gpus=8)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
-    try:
+    results = Results("workers", args)
+    with local_cluster(2, gpus=8, log_level="WARNING"):
         ctl = clients.connect()
         res = ctl.reserve("bench", LAYOUT, timeout_s=120, progress=lambda m: None)
         options = [options_for(a) for a in res.assignments("actor")]
@@ -119,13 +114,16 @@ def main() -> None:
         for _ in range(args.repeat):
             ours.append(launch_placectl(res))
             theirs.append(launch_by_hand(options))
-        o, t = statistics.median(ours), statistics.median(theirs)
+        t = results.add("hand-written Ray launch", theirs)["median"]
+        o = results.add("WorkerGroup.launch", ours, baseline="hand-written Ray launch")["median"]
         print(f"launch 16 actors and wait for all, median of {args.repeat}:")
         print(f"  WorkerGroup.launch: {o:.3f} s  {[round(x, 3) for x in sorted(ours)]}")
         print(f"  hand-written Ray:   {t:.3f} s  {[round(x, 3) for x in sorted(theirs)]}")
         print(f"  ratio:              {o / t:.3f}")
         sp, sh = statistics.median(SUBMIT["placectl"]), statistics.median(SUBMIT["hand"][1:])
         print(f"  submitting 16 actors: placectl {1000 * sp:.1f} ms, by hand {1000 * sh:.1f} ms")
+        results.add("submit by hand", SUBMIT["hand"][1:])
+        results.add("submit WorkerGroup", SUBMIT["placectl"], baseline="submit by hand")
 
         handle, noop = ctl.handle, NoOp.options(max_concurrency=1000).remote()
         ray.get(noop.call.remote())
@@ -139,6 +137,8 @@ def main() -> None:
         print("controller assignments() vs a no-op async actor method (ms):")
         for label, runner in (("1 caller", sequential), ("1000+1000 concurrent", concurrent)):
             a, b = runner(ours_call, noop_call)
+            results.add(f"no-op call, {label}", b)
+            results.add(f"assignments call, {label}", a, baseline=f"no-op call, {label}")
             print(
                 f"  {label:<16} assignments p50 {pct(a, 0.5):6.2f} p99 {pct(a, 0.99):6.2f} | "
                 f"no-op p50 {pct(b, 0.5):6.2f} p99 {pct(b, 0.99):6.2f} | "
@@ -149,14 +149,13 @@ def main() -> None:
             t0 = time.perf_counter()
             ctl.reservation("bench").assignments("actor")
             local.append(time.perf_counter() - t0)
+        results.add("Reservation.assignments in the driver", local)
         print(
             f"  driver-side Reservation.assignments (GCS read + local plan), fresh object: "
             f"p50 {pct(local, 0.5):.2f} p99 {pct(local, 0.99):.2f}"
         )
         ctl.release_all()
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    results.write()
 
 
 if __name__ == "__main__":

@@ -11,11 +11,11 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.placement_group import placement_group_table  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
 import clients  # noqa: E402
+from clients.testing.local import local_cluster as testing_cluster  # noqa: E402
 from controller.runtime.ray_io import group_handle  # noqa: E402
 
 GPU_NODES = 2
@@ -30,15 +30,8 @@ def pytest_collection_modifyitems(items):
 def local_cluster(gpu_nodes: int = GPU_NODES):
     """A head without GPUs and ``gpu_nodes`` nodes of 4 fake GPUs and 4 CPUs each, with
     this process connected; for a module fixture to yield from."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
-    for _ in range(gpu_nodes):
-        c.add_node(num_cpus=GPUS_PER_NODE, num_gpus=GPUS_PER_NODE)
-    c.wait_for_nodes()
-    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    with testing_cluster(gpu_nodes, gpus=GPUS_PER_NODE) as (c, _):
+        yield c
 
 
 def site_cluster(site: str, head: dict, gpu_nodes: int, env: dict | None = None):
@@ -48,27 +41,10 @@ def site_cluster(site: str, head: dict, gpu_nodes: int, env: dict | None = None)
     environment after. For a module fixture to yield from."""
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(os.path.dirname(here))
-    changed = {"PYTHONPATH", *(env or {})}
-    saved = {k: os.environ.get(k) for k in changed}
-    os.environ.update(env or {})
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(here, site), repo, *filter(None, [saved["PYTHONPATH"]])]
-    )
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    c = Cluster(initialize_head=True, head_node_args=head)
-    nodes = [c.add_node(num_cpus=GPUS_PER_NODE, num_gpus=GPUS_PER_NODE) for _ in range(gpu_nodes)]
-    c.wait_for_nodes()
-    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
-    try:
+    path = [os.path.join(here, site), repo, *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**(env or {}), "PYTHONPATH": os.pathsep.join(path)}
+    with testing_cluster(gpu_nodes, gpus=GPUS_PER_NODE, head=head, env=env) as (c, nodes):
         yield c, nodes
-    finally:
-        ray.shutdown()
-        c.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ import urllib.request
 import pytest
 import ray
 import yaml
-from ray.cluster_utils import Cluster
 
 import clients
+from clients.testing.local import local_cluster
 from controller.runtime.metrics import METRICS, exported
 from tests.integration.conftest import GPUS_PER_NODE, wait_for
 from tests.integration.conftest import placectl_cli as cli
@@ -35,24 +35,15 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def metrics_cluster():
     """Head (no GPUs) exporting metrics every second on a known port + two GPU nodes."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     port = _free_port()
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 2,
-            "num_gpus": 0,
-            "metrics_export_port": port,
-            "_system_config": {"metrics_report_interval_ms": 1000},
-        },
-    )
-    for _ in range(2):
-        c.add_node(num_cpus=GPUS_PER_NODE, num_gpus=GPUS_PER_NODE)
-    c.wait_for_nodes()
-    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
-    yield c, port
-    ray.shutdown()
-    c.shutdown()
+    head = {
+        "num_cpus": 2,
+        "num_gpus": 0,
+        "metrics_export_port": port,
+        "_system_config": {"metrics_report_interval_ms": 1000},
+    }
+    with local_cluster(2, gpus=GPUS_PER_NODE, head=head) as (c, _):
+        yield c, port
 
 
 def _scrape(port: int) -> dict[str, list[dict[str, str]]]:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table
 
 import clients
+from clients.testing.local import local_cluster
 from controller.runtime.ray_io import group_handle
 
 SPEC = {
@@ -29,21 +29,14 @@ def domains():
     """Head (no GPUs); z0 in domain Z (topology rank 0: first in node order, the free node
     a careless repair would take); a1-a3 in domain A by Ray's label; b in domain B by
     NeMo-RL's resources. Two fake GPUs each."""
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
     gpu = {"num_cpus": 2, "num_gpus": 2}
-    nodes = {
-        "z0": c.add_node(**gpu, labels={"ray.io/gpu-domain": "Z", "placectl.io/topo-rank": "0"})
-    }
+    shapes = {"z0": {**gpu, "labels": {"ray.io/gpu-domain": "Z", "placectl.io/topo-rank": "0"}}}
     for i in (1, 2, 3):
-        nodes[f"a{i}"] = c.add_node(
-            **gpu, labels={"ray.io/gpu-domain": "A", "placectl.io/topo-rank": str(i)}
-        )
-    nodes["b"] = c.add_node(**gpu, resources={"nvlink_domain_B": 1, "topo_rank": 10})
-    c.wait_for_nodes()
-    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
-    yield c, nodes
-    ray.shutdown()
-    c.shutdown()
+        labels = {"ray.io/gpu-domain": "A", "placectl.io/topo-rank": str(i)}
+        shapes[f"a{i}"] = {**gpu, "labels": labels}
+    shapes["b"] = {**gpu, "resources": {"nvlink_domain_B": 1, "topo_rank": 10}}
+    with local_cluster(nodes=list(shapes.values())) as (c, added):
+        yield c, dict(zip(shapes, added, strict=True))
 
 
 def _domain_by_ray(node_id: str) -> str:
