@@ -69,6 +69,11 @@ class Admitter:
         self.last_decision = queueing.Decision()
         self.last_pass_s = 0.0  # placectl's own time in the last pass (no Ray calls)
 
+    def forget_plans(self) -> None:
+        """Plan every queued entry again at the next pass, as if none had been kept (the
+        queue benchmark's baseline)."""
+        self._plans.clear()
+
     def wake(self) -> None:
         """Something changed (a release, a join, a new entry): decide again, at the
         loop's next turn, which this brings forward."""

@@ -19,15 +19,15 @@ Usage: scripts/bench/bench_control_plane.py [--sizes 100,1000,4000] [--real 8]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
 import pathlib
 import statistics
 import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+from harness import Results, local_cluster, parser
 
 from clients.testing.fake_table import DriverTable
 from controller.runtime.controller import PlacementController
@@ -181,20 +181,13 @@ def report(rows: list[dict]) -> None:
         )
 
 
-def real_row(raylets: int) -> None:
+def real_row(raylets: int, results: Results) -> None:
     """The operations real Ray can run here, on a local cluster of ``raylets`` nodes."""
     import ray
-    from ray.cluster_utils import Cluster
 
     import clients
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
-    for _ in range(raylets):
-        cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
-    try:
+    with local_cluster(raylets, gpus=GPUS, log_level="ERROR"):
         ctl = clients.connect()
         spec = job_spec(1, raylets, raylets + 1)
         reserve, release, attach, parts = [], [], [], []
@@ -210,6 +203,8 @@ def real_row(raylets: int) -> None:
             started = time.perf_counter()
             ctl.release("real")
             release.append(time.perf_counter() - started)
+        for name, values in (("reserve", reserve), ("release", release), ("attach", attach)):
+            results.add(f"real {name} @{raylets}", values)
         print(
             f"real Ray, {raylets} raylets x {GPUS} fake GPUs, one {raylets}-node job: "
             f"reserve {ms(reserve)} ms (placectl + Ray), release {ms(release)} ms, "
@@ -219,25 +214,33 @@ def real_row(raylets: int) -> None:
         for key in ("plan_s", "place_s", "probe_s"):
             values = [p[key] for p in parts]
             print(f"  of which {key[:-2]}: {ms(values)} ms (median)")
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+
+
+def record(row: dict, results: Results) -> None:
+    """Every series of one size's row, as measures named ``<series> @<nodes>``."""
+    for key, values in row.items():
+        if isinstance(values, list):
+            unit = "bytes" if key.endswith("bytes") else "s"
+            results.add(f"{key} @{row['nodes']}", values, unit=unit)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--sizes", default="100,1000,4000")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--real", type=int, default=0, help="raylets for the real-cluster row")
     args = ap.parse_args()
+    results = Results("control_plane", args)
     rows = []
     for size in (int(s) for s in args.sizes.split(",") if s.strip()):
         rows.append(asyncio.run(one_size(size, args.reps)))
+        record(rows[-1], results)
         print(f"  measured {size} nodes", file=sys.stderr, flush=True)
     if rows:
         report(rows)
     if args.real:
-        real_row(args.real)
+        real_row(args.real, results)
+    results.write()
     return 0
 
 

@@ -15,8 +15,6 @@ Usage: scripts/bench/bench_detection.py [--trials 2] [--kinds crash,hang,raylet]
 
 from __future__ import annotations
 
-import argparse
-import os
 import pathlib
 import statistics
 import sys
@@ -25,7 +23,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import ray
-from ray.cluster_utils import Cluster
+from harness import Results, local_cluster, parser
 
 import clients
 from clients.testing import machines
@@ -74,36 +72,34 @@ def trial(cluster, ctl, kind: str, reserved: bool) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--kinds", default=",".join(KINDS))
     args = ap.parse_args()
+    results = Results("detection", args)
     kinds = [k for k in args.kinds.split(",") if k]
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     rows = []
     for label, system in SETTINGS.items():
-        cluster = Cluster(
-            initialize_head=True,
-            head_node_args={"num_cpus": 2, "num_gpus": 0, "_system_config": system},
-        )
-        ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
-        ctl = clients.connect()
-        try:
+        head = {"num_cpus": 2, "num_gpus": 0, "_system_config": system}
+        with local_cluster(0, head=head, log_level="ERROR") as (cluster, _):
+            ctl = clients.connect()
             for kind in kinds:
                 seconds: dict[bool, list[float]] = {False: [], True: []}
                 for t in range(args.trials):
                     for reserved in (False, True) if t % 2 == 0 else (True, False):
                         seconds[reserved].append(trial(cluster, ctl, kind, reserved))
                 rows.append((label, kind, seconds[False], seconds[True]))
+                alone = results.add(f"Ray alone, {label}, {kind}", seconds[False])
+                results.add(
+                    f"with placectl, {label}, {kind}", seconds[True], baseline=alone["name"]
+                )
                 print(f"  {label}, {kind}: Ray {seconds[False]}, placectl {seconds[True]}")
-        finally:
-            ray.shutdown()
-            cluster.shutdown()
     print(f"\n== seconds from the fault until Ray's node table says dead (median of {args.trials})")
     print(f"{'Ray health checks':<16} {'fault':<8} {'Ray alone':>10} {'with placectl':>14}")
     for label, kind, ray_s, ours in rows:
         a, b = statistics.median(ray_s), statistics.median(ours)
         print(f"{label:<16} {kind:<8} {a:>10.2f} {b:>14.2f}")
+    results.write()
     return 0
 
 

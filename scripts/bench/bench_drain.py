@@ -16,7 +16,6 @@ Usage: scripts/bench/bench_drain.py [--trials 2] [--steps 30] [--at 3] [--notice
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import statistics
 import sys
@@ -27,10 +26,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "job"))
 import train
 from grpo import report
 from grpo.config import TrainConfig
+from harness import Results, parser
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--at", type=int, default=3)
@@ -64,11 +64,17 @@ def main() -> int:
         f"{'fault':<34} {'steps again':>11} {'normal step':>12} {'slowest after':>14} "
         f"{'seconds lost':>13}"
     )
+    results = Results("drain", args)
     for kind, what in (
         ("drain", "drain, placectl moves first"),
         ("crash", "crash at the deadline"),
     ):
         r = rows[kind]
+        for key, unit in (("steps_run_again", "steps"), ("normal_step_s", "s")):
+            results.add(f"{kind} {key}", [x[key] for x in r], unit=unit)
+        results.add(f"{kind} slowest_after_s", [x["slowest_after_s"] for x in r])
+        base = None if kind == "crash" else "crash lost_s"
+        results.add(f"{kind} lost_s", [x["lost_s"] for x in r], baseline=base)
         med = {k: statistics.median(x[k] for x in r) for k in r[0]}
         print(
             f"{what:<34} {med['steps_run_again']:>11g} {med['normal_step_s']:>11.2f}s "
@@ -80,6 +86,8 @@ def main() -> int:
         f"metrics equal to the first run's: {runs - len(unequal)} of {runs} runs"
         + "".join(f"\n  UNEQUAL {u}" for u in unequal)
     )
+    results.add("runs with metrics unequal to the first", [len(unequal)], unit="runs")
+    results.write()
     return 1 if unequal else 0
 
 

@@ -27,7 +27,6 @@ Usage: scripts/bench/bench_head.py [--trials 3]
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import statistics
 import sys
@@ -35,6 +34,7 @@ import threading
 import time
 
 import ray
+from harness import Results, parser
 from ray.util.placement_group import placement_group_table
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
@@ -143,13 +143,14 @@ def trial(c: FaultTolerantCluster, fault: str) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--trials", type=int, default=3)
     args = ap.parse_args()
     with restartable_cluster(gpu_nodes=3, gpus=GPUS) as c:
         ctl = clients.connect()
         res = ctl.reserve("bench", SPEC, timeout_s=120)
         clients.WorkerGroup.launch(res, "actor", Worker, detached=True)
+        measured = Results("head", args)
         results: dict[str, list[dict[str, float]]] = {"gcs": [], "head": []}
         for i in range(args.trials):
             for fault in ("gcs", "head"):
@@ -165,10 +166,12 @@ def main() -> int:
             cells = []
             for key in ("ray", "dead", "controller", "repaired"):
                 xs = [r[key] for r in rows]
+                measured.add(f"{fault} {key}", xs)
                 cells.append(f"{statistics.median(xs):.2f} ({max(xs):.2f})")
             name = "GCS process restarts" if fault == "gcs" else "whole head restarts"
             print(f"| {name} | " + " | ".join(cells) + " |")
         clients.connect(start=False).release_all()
+    measured.write()
     return 0
 
 

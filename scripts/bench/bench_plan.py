@@ -22,10 +22,11 @@ Usage: scripts/bench/bench_plan.py [--repeat 5] [--nodes 128 256 512 1024] [--ba
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import time
+
+from harness import Results, parser
 
 from controller import ClusterView, ComponentPlacement, NodeView
 from controller.planning.cluster import order_nodes
@@ -106,7 +107,7 @@ def with_segments(nodes: int) -> dict:
     return conf
 
 
-def bench_domains(sizes: list[int], repeat: int) -> None:
+def bench_domains(sizes: list[int], repeat: int, results: Results) -> None:
     print()
     print(
         f"{'nodes x 8':>10} {'placements':>11} {'plain (s)':>10} {'order (s)':>10} "
@@ -120,32 +121,45 @@ def bench_domains(sizes: list[int], repeat: int) -> None:
         count = sum(ComponentPlacement(conf, view).world_size(c) for c in ("actor", "rollout"))
         count += ComponentPlacement(plain_conf, plain_view).world_size("inference")
         count += ComponentPlacement(plain_conf, plain_view).world_size("reward")
-        plain = timed(lambda c=plain_conf, v=plain_view: ComponentPlacement(c, v), repeat)
-        order = timed(lambda nodes=listed: order_nodes(nodes), repeat)
-        planned = timed(lambda c=conf, v=view: ComponentPlacement(c, v), repeat)
+        plain = timed(
+            lambda c=plain_conf, v=plain_view: ComponentPlacement(c, v),
+            repeat,
+            results,
+            f"plan without domains @{nodes}",
+        )
+        order = timed(lambda nodes=listed: order_nodes(nodes), repeat, results, f"order @{nodes}")
+        planned = timed(
+            lambda c=conf, v=view: ComponentPlacement(c, v),
+            repeat,
+            results,
+            f"plan with segments @{nodes}",
+        )
         print(
             f"{nodes:>10} {count:>11,} {plain:>10.3f} {order:>10.3f} {planned:>15.3f} "
             f"{(order + planned) / plain:>5.2f}x"
         )
 
 
-def timed(fn, repeat: int) -> float:
+def timed(fn, repeat: int, results: Results | None = None, name: str = "") -> float:
+    """The median of ``repeat`` runs of ``fn``, the samples recorded as ``name``."""
     samples = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t0)
+    if results is not None:
+        results.add(name, samples)
     return statistics.median(samples)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--nodes", type=int, nargs="+", default=[128, 256, 512, 1024])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--baseline-max", type=int, default=256, help="largest size for the baseline")
     ap.add_argument("--domains", type=int, nargs="*", default=[], help="sizes with NVLink domains")
     args = ap.parse_args()
-
+    results = Results("plan", args)
     print(
         f"{'nodes x 8':>10} {'placements':>11} {'placectl (s)':>13} {'us/placement':>12} "
         f"{'naive (s)':>10} {'speed-up':>9}"
@@ -155,9 +169,14 @@ def main() -> None:
         view = ClusterView.uniform(nodes, 8)
         cp = ComponentPlacement(conf, view)
         count = sum(cp.world_size(c) for c in cp.components)
-        ours = timed(lambda conf=conf, view=view: ComponentPlacement(conf, view), args.repeat)
+        ours = timed(
+            lambda conf=conf, view=view: ComponentPlacement(conf, view),
+            args.repeat,
+            results,
+            f"placectl @{nodes}",
+        )
         if nodes <= args.baseline_max:
-            base = timed(lambda conf=conf: naive_plan(conf, 8), 1)
+            base = timed(lambda conf=conf: naive_plan(conf, 8), 1, results, f"naive @{nodes}")
             # same placements, so the comparison is of like with like
             naive = naive_plan(conf, 8)
             for name in cp.components:
@@ -178,7 +197,8 @@ def main() -> None:
             f"{base_s} {ratio}"
         )
     if args.domains:
-        bench_domains(args.domains, args.repeat)
+        bench_domains(args.domains, args.repeat, results)
+    results.write()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ Usage: scripts/bench/bench_queue.py [--nodes 1000] [--queued 1000] [--releases 5
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import pathlib
 import random
@@ -29,6 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from bench_control_plane import QUIET, RAY, QuietCluster, job_spec
+from harness import Results, parser
 
 from controller.runtime.controller import PlacementController
 
@@ -76,12 +76,12 @@ async def run(nodes: int, queued: int, releases: int) -> dict:
     while sum(r.state == "queued" for r in ctl.state.records.values()) < queued:
         await asyncio.sleep(0.01)
     out = {"enqueue_s": time.perf_counter() - started}
-    admitter = ctl._admitter
+    admitter = ctl.ops.admitter
     decision = await admitter.admit()
     assert not decision.admitted and len(decision.waiting) == queued
     cached, replanned, to_request = [], [], []
     for h in range(releases):
-        admitter._plans.clear()  # the baseline: every entry planned again
+        admitter.forget_plans()  # the baseline: every entry planned again
         await admitter.admit()
         replanned.append(admitter.last_pass_s)
         await admitter.admit()  # warm again
@@ -104,12 +104,19 @@ async def run(nodes: int, queued: int, releases: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--queued", type=int, default=1000)
     ap.add_argument("--releases", type=int, default=5)
     args = ap.parse_args()
     out = asyncio.run(run(args.nodes, args.queued, args.releases))
+    results = Results("queue", args)
+    results.add("enqueue all", [out["enqueue_s"]])
+    results.add("decision, re-planning every entry", out["decision_replanned"])
+    results.add(
+        "decision, plans kept", out["decision_cached"], baseline="decision, re-planning every entry"
+    )
+    results.add("release to next request", out["release_to_request"])
 
     def ms(values):
         return f"{1000 * statistics.median(values):.2f} ({1000 * max(values):.2f})"
@@ -120,6 +127,7 @@ def main() -> None:
     print(f"  admission decision after a release, plans kept: {ms(out['decision_cached'])}")
     print(f"  the same decision re-planning every entry:      {ms(out['decision_replanned'])}")
     print(f"  release -> next job's groups requested:         {ms(out['release_to_request'])}")
+    results.write()
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Usage: scripts/bench/bench_rlinf.py [--trials N]
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -27,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from harness import Results, local_cluster, parser
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = REPO / "tests" / "integration" / "rlinf_driver.py"
@@ -52,33 +53,35 @@ def run(address: str, out: Path, own: bool) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--trials", type=int, default=2)
     args = ap.parse_args()
-    os.environ["PLACECTL_FAKE_NVML"] = "1"
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO / "tests" / "integration" / "rlinf_site"), str(REPO)]
-    )
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    results = Results("rlinf", args)
+    env = {
+        "PLACECTL_FAKE_NVML": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [str(REPO / "tests" / "integration" / "rlinf_site"), str(REPO)]
+        ),
+    }
+    os.environ.update(env)  # for the drivers this script starts
     sys.path[:0] = [str(REPO)]
-    import ray
-    from ray.cluster_utils import Cluster
-
     import clients
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "num_gpus": 4})
-    c.add_node(num_cpus=4, num_gpus=4)
-    c.wait_for_nodes()
-    ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
-    ctl = clients.connect()
+    head = {"num_cpus": 8, "num_gpus": 4}
     rows: dict[str, list[dict]] = {"rlinf": [], "placectl": [], "restart": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        for t in range(args.trials):
-            rows["rlinf"].append(run(c.address, Path(tmp) / f"own{t}.json", own=True))
-            rows["placectl"].append(run(c.address, Path(tmp) / f"pc{t}.json", own=False))
-            rows["restart"].append(run(c.address, Path(tmp) / f"re{t}.json", own=False))
-            ctl.release("bench-rlinf")
-            print(f"trial {t + 1}/{args.trials} done", file=sys.stderr, flush=True)
+    with local_cluster(1, head=head, env=env, log_level="ERROR") as (c, _):
+        ctl = clients.connect()
+        with tempfile.TemporaryDirectory() as tmp:
+            for t in range(args.trials):
+                rows["rlinf"].append(run(c.address, Path(tmp) / f"own{t}.json", own=True))
+                rows["placectl"].append(run(c.address, Path(tmp) / f"pc{t}.json", own=False))
+                rows["restart"].append(run(c.address, Path(tmp) / f"re{t}.json", own=False))
+                ctl.release("bench-rlinf")
+                print(f"trial {t + 1}/{args.trials} done", file=sys.stderr, flush=True)
+    for name, rs in rows.items():
+        results.add(f"{name} cluster up", [r["cluster"] for r in rs])
+        baseline = None if name == "rlinf" else "rlinf launch"
+        results.add(f"{name} launch", [r["launch"] for r in rs], baseline=baseline)
     base = statistics.median(r["launch"] for r in rows["rlinf"])
     print(f"{'driver':10} {'cluster up s':>14} {'all launched s':>16} {'vs RLinf':>9}")
     for name, rs in rows.items():
@@ -86,8 +89,7 @@ def main() -> None:
         la = statistics.median(r["launch"] for r in rs)
         samples = ", ".join(f"{r['launch']:.1f}" for r in rs)
         print(f"{name:10} {cl:14.2f} {la:16.2f} {la / base:8.2f}x   ({samples})")
-    ray.shutdown()
-    c.shutdown()
+    results.write()
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Usage: scripts/bench/bench_train_faults.py [--trials 3] [--faults crash@3,hang@6
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import statistics
 import sys
@@ -30,6 +29,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "job"))
 import train
 from grpo import report
 from grpo.config import TrainConfig
+from harness import Results, parser
 
 NAMES = {
     "node": "node died abruptly",
@@ -44,7 +44,7 @@ NAMES = {
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--faults", default="crash@3,hang@6")
@@ -77,8 +77,11 @@ def main() -> int:
     print(f"\n== {args.trials} trials, {args.steps} steps, faults {args.faults}; {checks}")
     print("seconds from the fault to the next finished step (median; samples)")
     print(f"{'fault':<16} {'placectl':<28} {'starting over':<28} ratio")
+    results = Results("train_faults", args)
     for kind, _ in faults:
         ours, theirs = seconds[(kind, "placectl")], seconds[(kind, "baseline")]
+        results.add(f"{kind}, starting over", theirs)
+        results.add(f"{kind}, placectl", ours, baseline=f"{kind}, starting over")
         a, b = statistics.median(ours), statistics.median(theirs)
         cells = [
             f"{m:.2f} ({', '.join(f'{x:.2f}' for x in xs)})" for m, xs in ((a, ours), (b, theirs))
@@ -89,6 +92,8 @@ def main() -> int:
         f"metrics equal to the first run's: {runs - len(unequal)} of {runs} runs"
         + ("".join(f"\n  UNEQUAL {u}" for u in unequal))
     )
+    results.add("runs with metrics unequal to the first", [len(unequal)], unit="runs")
+    results.write()
     return 1 if unequal else 0
 
 

@@ -101,7 +101,9 @@ def test_dependencies_point_one_way():
 
 
 def test_no_object_reaches_into_another_objects_private_attributes():
-    bad = [line for path in sources("controller", "clients") for line in private_reaches(path)]
+    # The conformance scripts drive the frameworks' own private helpers: theirs to name.
+    ours = [p for p in sources("controller", "clients", "scripts") if "conformance" not in p.parts]
+    bad = [line for path in ours for line in private_reaches(path)]
     assert bad == []
 
 
