@@ -31,7 +31,6 @@ import json
 import os
 import pathlib
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -43,7 +42,7 @@ import ray
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 from chaos_invariants import Invariants
-from chaos_machines import MachineFaults
+from chaos_machines import MachineFaults, wait_until
 
 import clients
 from clients.testing.head import FaultTolerantCluster, RedisServer
@@ -142,7 +141,7 @@ class Chaos:
             return self.named_leases(job)
         if r < 0.68:
             self.faults["controller kill"] += 1
-            self.kill_controller()
+            self.machines.kill_controller()
             nodes = self.gpu_nodes()
             if self.rng.random() < 0.5 and len(nodes) > 2:
                 self.faults["node removed while the controller restarts"] += 1
@@ -156,7 +155,7 @@ class Chaos:
             if not self.downgrade():
                 return "format-1 restart: skipped (no 0.1 table can be rebuilt for this one)"
             self.faults["restart over a format-1 table"] += 1
-            self.kill_controller()
+            self.machines.kill_controller()
             return "FAULT table rewritten as format 1, controller killed"
         if r < 0.86:
             nodes = self.gpu_nodes()
@@ -177,25 +176,6 @@ class Chaos:
         node = self.cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
         self.cluster.wait_for_nodes()
         return f"add node {node.node_id[:8]}"
-
-    def kill_controller(self) -> None:
-        """Kill the controller (Ray restarts it). After a GCS restart Ray 2.60 may drop
-        the kill ("Not sending KillLocalActorRequest because Actor has not been assigned
-        a lease"): then its process is killed instead, as a crash would."""
-        before = self._controller_pid()
-        ray.kill(self.ctl.handle, no_restart=False)
-        if self.wait(lambda: self._controller_pid() != before, 10):
-            return
-        self.faults["Ray dropped a kill: process killed"] += 1
-        if before:
-            os.kill(before, signal.SIGKILL)
-
-    @staticmethod
-    def _controller_pid() -> int:
-        for a in ray._private.state.state.actor_table(None).values():
-            if a.get("Name") == "placectl" and a.get("State") == "ALIVE":
-                return int(a.get("Pid") or 0)
-        return 0
 
     def queued(self, job: str) -> str:
         """Reserve ``job`` in its queue at a random priority, from a driver process of its
@@ -292,7 +272,7 @@ class Chaos:
         def gone() -> bool:
             return not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == node_id)
 
-        if not self.wait(gone, 120):
+        if not wait_until(gone, 120):
             self.violations.append(f"Ray never reported node {node_id[:8]} dead")
 
     def remove(self, node) -> str:
@@ -343,15 +323,6 @@ class Chaos:
         # a migrated record gets a uid of its own: compare assignments from here on
         self.invariants.forget_assignments()
         return True
-
-    @staticmethod
-    def wait(predicate, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            time.sleep(0.2)
-        return False
 
     # ------------------------------------------------------------ invariants
     def table(self):

@@ -8,11 +8,13 @@ the invariants they add.
   dead and never be given a slot;
 * a worker group on a ready reservation has one of its workers killed (or none), then
   ``repair()`` must relaunch exactly the dead ranks (killed, or on a dead node) and no
-  live one.
+  live one;
+* the controller is killed (Ray restarts it), its process killed if Ray drops the kill.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -32,6 +34,16 @@ def _pinger():
             return os.getpid()
 
     return Pinger
+
+
+def wait_until(predicate, timeout: float) -> bool:
+    """Poll ``predicate`` every 0.2 s; whether it held within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
 
 
 class MachineFaults:
@@ -117,3 +129,22 @@ class MachineFaults:
             return f"workers on {job}: failed"
         finally:
             group.shutdown()
+
+    def kill_controller(self) -> None:
+        """Kill the controller (Ray restarts it). After a GCS restart Ray 2.60 may drop
+        the kill ("Not sending KillLocalActorRequest because Actor has not been assigned
+        a lease"): then its process is killed instead, as a crash would."""
+        before = self._controller_pid()
+        ray.kill(self.ctl.handle, no_restart=False)
+        if wait_until(lambda: self._controller_pid() != before, 10):
+            return
+        self.faults["Ray dropped a kill: process killed"] += 1
+        if before:
+            os.kill(before, signal.SIGKILL)
+
+    @staticmethod
+    def _controller_pid() -> int:
+        for a in ray._private.state.state.actor_table(None).values():
+            if a.get("Name") == "placectl" and a.get("State") == "ALIVE":
+                return int(a.get("Pid") or 0)
+        return 0

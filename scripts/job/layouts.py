@@ -17,10 +17,10 @@ import sys
 import time
 
 import ray
-from ray.cluster_utils import Cluster
 
 import clients
 from clients.render import render_reservation
+from clients.testing.local import local_cluster
 
 GPU_NODES, GPUS = 3, 4
 COLOCATED = {
@@ -116,14 +116,7 @@ def run_job(ctl, job: str, spec: dict) -> bool:
 
 def main() -> int:
     say(f"starting a local Ray cluster: head + {GPU_NODES} nodes x {GPUS} simulated GPUs")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
-    for _ in range(GPU_NODES):
-        cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
-    cluster.wait_for_nodes()
-    ok = False
-    try:
-        ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+    with local_cluster(GPU_NODES, gpus=GPUS, log_level="ERROR"):
         say("starting the placectl controller")
         ctl = clients.connect()
         ok = run_job(ctl, "colocated", COLOCATED)
@@ -131,10 +124,7 @@ def main() -> int:
         say("releasing every reservation")
         ctl.release_all()
         ctl.stop()
-    finally:
         say("stopping the cluster")
-        ray.shutdown()
-        cluster.shutdown()
     say("demo " + ("succeeded" if ok else "FAILED"))
     return 0 if ok else 1
 

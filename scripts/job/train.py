@@ -54,6 +54,7 @@ Usage: scripts/job/train.py [--steps 40] [--seed 0] [--faults SPEC] [--compare]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -70,9 +71,10 @@ import msgspec
 import yaml
 from grpo import report
 from grpo.config import TrainConfig
-from grpo.job import MACHINE_FAULTS
+from grpo.protocol import MACHINE_FAULTS
 
 from clients.testing import machines
+from clients.testing.local import local_cluster
 
 HERE = pathlib.Path(__file__).resolve().parent
 SPEC = HERE.parent / "examples" / "grpo.yaml"
@@ -123,18 +125,16 @@ class Cluster:
         self.notice = notice  # seconds between a drain's notice and the node's end
         self.timers: list = []
         self.local = None
+        self._stack = contextlib.ExitStack()
         if address is None:
-            from ray.cluster_utils import Cluster as RayCluster
-
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             head = {"num_cpus": 2, "num_gpus": 0, "_system_config": health_checks or {}}
-            self.local = RayCluster(initialize_head=True, head_node_args=head)
-            for _ in range(GPU_NODES):
-                self.local.add_node(num_cpus=GPUS, num_gpus=GPUS)
-            self.local.wait_for_nodes()
+            local = local_cluster(GPU_NODES, gpus=GPUS, head=head, log_level="ERROR")
+            self.local, _ = self._stack.enter_context(local)
             address = self.local.address
+        else:
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            self._stack.callback(ray.shutdown)
         self.address = address
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         import clients
 
         self.ctl = clients.connect(address=address)
@@ -215,18 +215,14 @@ class Cluster:
         ray.kill(self.ctl.handle, no_restart=False)
 
     def close(self) -> None:
-        import ray
-
         for timer in self.timers:
             timer.cancel()
-        ray.shutdown()
-        if self.local is not None:
-            self.local.shutdown()
+        self._stack.close()
 
 
 def run(cluster: Cluster, name: str, config: TrainConfig, faults, baseline: bool, out) -> dict:
     """One training run, its driver restarted as the schedule says; its record."""
-    from grpo.job import Options
+    from grpo.protocol import Options
 
     ckpt = tempfile.mkdtemp(prefix=f"placectl-{name}-", dir=out)
     spec = yaml.safe_load(SPEC.read_text())["cluster"]
@@ -317,8 +313,8 @@ def summary(record: dict) -> None:
 
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--as-driver":
-        from grpo.job import Options
         from grpo.job import main as drive
+        from grpo.protocol import Options
 
         opts = msgspec.json.decode(sys.argv[2], type=Options)
         return drive(opts, ship_code=os.environ.get("PLACECTL_TRAIN_SHIP_CODE") == "1")

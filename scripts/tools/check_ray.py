@@ -18,7 +18,6 @@ import os
 import sys
 
 import ray
-from ray.cluster_utils import Cluster
 from ray.util.placement_group import (
     placement_group,
     placement_group_table,
@@ -26,6 +25,7 @@ from ray.util.placement_group import (
 )
 
 import clients
+from clients.testing.local import local_cluster
 from clients.workers import WorkerGroup
 
 GPUS = 4
@@ -68,12 +68,8 @@ def several_devices(ctl) -> str:
 
 
 def main() -> int:
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
-    nodes = [cluster.add_node(num_cpus=GPUS, num_gpus=GPUS).node_id for _ in range(2)]
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
-    try:
+    with local_cluster(2, gpus=GPUS, log_level="ERROR") as (_, added):
+        nodes = [node.node_id for node in added]
         ctl = clients.connect()
         results = {}
         for name, check in (
@@ -84,9 +80,6 @@ def main() -> int:
                 results[name] = check()
             except Exception as e:  # what an old Ray does is the finding
                 results[name] = f"fails: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
     print(f"ray {ray.__version__}")
     for name, result in results.items():
         print(f"  {name:<16} {result}")

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import pytest
 import ray
@@ -391,20 +390,3 @@ def test_current_inside_a_worker_is_its_assignment(res):
         assert group.execute("me") == res.assignments("engine")
     finally:
         group.shutdown()
-
-
-def test_current_outside_a_worker_is_a_clear_error(monkeypatch):
-    monkeypatch.delenv("PLACECTL_JOB", raising=False)
-    with pytest.raises(PlacementError, match="not a placectl worker"):
-        clients.current()
-
-
-def test_launch_timeout_kills_what_it_started(ctl):
-    hog = ctl.reserve("hog", one_node("6-7"), timeout_s=30)
-    first = clients.WorkerGroup.launch(hog, "actor", Worker)  # whole GPUs: nothing left
-    started = time.monotonic()
-    with pytest.raises(clients.ReservationTimeout, match=r"ranks \[0, 1\] did not start"):
-        clients.WorkerGroup.launch(hog, "actor", Worker, timeout=2)
-    assert time.monotonic() - started < 30
-    first.shutdown()
-    ctl.release("hog")

@@ -20,28 +20,21 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
-import json
 import pathlib
-import sys
 import time
 
-import msgspec
 import ray
 
 import clients
 from controller.planning.spec_edit import with_component
 from grpo import workers
 from grpo.checkpoints import Checkpoints
-from grpo.config import TrainConfig
+from grpo.protocol import MACHINE_FAULTS, Options, fault, send
 
 # Rollout on both GPUs of each of the job's four nodes: the four it had keep their GPUs
 # (ranks 0-3 on GPUs 0, 2, 4, 6), the new ones take the others (explicit process ranks,
 # written in resource order).
 GROW = "0:0,1:4,2:1,3:5,4:2,5:6,6:3,7:7"
-# Faults of a machine or a process, injected by train.py in the middle of a step; a drain
-# (a spot notice with a deadline) and a spot reclaim (SIGTERM to the node) announce the
-# node's end instead of failing it.
-MACHINE_FAULTS = ("node", "crash", "raylet", "hang", "oom", "stall", "drain", "spot")
 MAX_ATTEMPTS = 4  # recoveries of one step before the error is someone else's to read
 # The job's own verdict on a step that does not finish: a worker hung inside it (stopped,
 # a wedged kernel) fails nothing, so only a deadline notices. Five times the slowest step
@@ -60,32 +53,6 @@ DRAIN_MARGIN_S = 10.0
 
 class StepTimeout(Exception):
     """A step's calls did not all finish within the job's deadline."""
-
-
-class Options(msgspec.Struct, frozen=True, kw_only=True):
-    """What one driver process is told by ``train.py``."""
-
-    address: str
-    job: str
-    spec: dict  # the cluster block
-    config: TrainConfig
-    checkpoints: str
-    faults: list[tuple[str, int]] = []  # (kind, step) still to happen in this run
-    resume: bool = False  # a new driver of a running job
-    baseline: bool = False
-
-
-def send(tag: str, **data) -> None:
-    print(f"@{tag} {json.dumps(data)}", flush=True)
-
-
-def fault(kind: str, step: int, **where) -> dict:
-    """Ask ``train.py`` to inject a fault now; returns its reply once done."""
-    send("fault", kind=kind, step=step, **where)
-    line = sys.stdin.readline()
-    if not line:
-        raise SystemExit("train.py went away")
-    return json.loads(line)
 
 
 def gather(refs: list, timeout: float | None = None) -> list:
