@@ -53,6 +53,7 @@ class Admitter:
         release: Callable[[str], Awaitable[bool]],
     ) -> None:
         self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
+        self._records = ctx.records
         self._progress = ctx.progress
         self._prefix = ctx.prefix
         self._tasks = ctx.tasks
@@ -162,8 +163,7 @@ class Admitter:
                 deadline = time.time() + grace
                 at = time.strftime("%H:%M:%S", time.localtime(deadline))
                 reason = f"preempted for {waiter!r}: released at {at}"
-                marked = msgspec.structs.replace(res, preempt_at=deadline, reason=reason)
-                await self._state.commit(marked, base=res)
+                await self._records.preempted(res, deadline, reason)
             log.warning("preempting %r for %r: released in %.0fs", job, waiter, grace)
         except Exception as e:
             log.warning("preempting %r failed: %s; the next pass decides again", job, e)
@@ -232,7 +232,7 @@ class Admitter:
             queued_at=now,
             **msgspec.structs.asdict(terms),
         )
-        await self._state.commit(record, base=self._state.get(job))
+        await self._records.created(record, self._state.get(job))
         log.info("queued %r in %r at priority %d", job, terms.queue, terms.priority)
         self.wake()
         return record
@@ -244,13 +244,12 @@ class Admitter:
         place (its queue, priority and preemptibility updated if asked; its owner kept);
         with another, the old entry leaves the queue and None is returned."""
         if queued.spec != spec:
-            await self._state.forget(queued.job)
+            await self._records.forgotten(queued.job)
             return None
         asked = {"queue": terms.queue or queued.queue, "priority": terms.priority}
         asked["preemptible"] = terms.preemptible
         if any(getattr(queued, k) != v for k, v in asked.items()):
-            changed = msgspec.structs.replace(queued, **asked)
-            await self._state.commit(changed, base=queued)
+            changed = await self._records.terms(queued, asked)
             queued = changed
         return queued
 
@@ -267,7 +266,7 @@ class Admitter:
             current = self._state.get(record.job)
             mine = current is not None and current.state == QUEUED and current.uid == record.uid
             if mine and not self._incarnation.dead:  # a crashed controller's calls change nothing
-                await to_the_end(self._state.forget(record.job))
+                await to_the_end(self._records.forgotten(record.job))
             raise
 
     async def _wait(self, record: ReservationRecord, deadline: float) -> None:

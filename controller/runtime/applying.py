@@ -55,6 +55,7 @@ class Applier:
 
     def __init__(self, ctx: Context, checker: Checker, leaser: Leaser) -> None:
         self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
+        self._records = ctx.records
         self._checker = checker
         self._leaser = leaser
         self._progress = ctx.progress
@@ -200,8 +201,7 @@ class Applier:
         epoch = max(res.epoch, self._state.epoch(job)) + 1
         previous = await self._state.published(job)
         intent = Applying(epoch=epoch, group_names=[s.group_name for s in change.created])
-        current = msgspec.structs.replace(res, applying=intent)
-        await self._state.commit(current, base=res)
+        current = await self._records.applying(res, intent)
         crash_point("apply_after_intent")
         free = await self._io.free_resources()
         first, later = [], []
@@ -222,9 +222,7 @@ class Applier:
                         res.slots[i].group_id for c in later for i in change.rebuilt[c]
                     } - {""}
                     marked = msgspec.structs.replace(intent, removed=sorted(removed_early))
-                    marked_record = msgspec.structs.replace(res, applying=marked)
-                    await self._state.commit(marked_record, base=current)
-                    current = marked_record
+                    current = await self._records.applying(current, marked)
                     left = await groups.remove_verified(
                         self._io, removed_early, self.settings.removal_timeout
                     )
@@ -254,7 +252,7 @@ class Applier:
             new = await self._applied_record(res, spec, change, floating, fresh, epoch, holds)
             published = publish(new, change.plan, previous=previous)
             stored = StoredPlan(job=job, uid=res.uid, epoch=epoch, plan=change.plan)
-            await self._state.commit(new, base=current, plan=stored, published=published)
+            await self._records.placed(new, current, published, plan=stored)
         except BaseException:
             if self._incarnation.dead:
                 raise
@@ -332,7 +330,7 @@ class Applier:
         if left:
             log.warning("apply to %r rolled back; groups %s not removed yet", res.job, left)
         try:
-            await self._state.commit(msgspec.structs.replace(res, applying=None), base=current)
+            await self._records.applying(current, None)
         except Exception as e:
             log.warning("apply to %r rolled back; clearing its intent failed: %s", res.job, e)
         if rebuilt:

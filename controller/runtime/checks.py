@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import msgspec
-
 from controller.runtime import groups
 from controller.runtime.context import Context
 from controller.runtime.io import GroupInfo
@@ -31,6 +29,7 @@ class Checker:
 
     def __init__(self, ctx: Context) -> None:
         self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
+        self._records = ctx.records
         self._recheck: set[str] = set()
         self._joined = False  # a node joined since the last take_joined()
         self._wakeup = asyncio.Event()
@@ -132,8 +131,7 @@ class Checker:
             if (state, reason) == (res.state, res.reason):
                 return
             try:
-                changed = msgspec.structs.replace(res, state=state, reason=reason)
-                await self._state.commit(changed, base=res)
+                await self._records.judged(res, state, reason)
             except Exception as e:
                 self.recheck(job)  # memory is unchanged: try again next tick
                 log.warning("could not record that %r is %s: %s", job, state, e)

@@ -16,6 +16,7 @@ from controller.runtime.progress import Progress
 from controller.runtime.settings import Settings
 from controller.runtime.state import ReservationState
 from controller.runtime.tasks import Tasks
+from controller.runtime.transitions import Transitions
 
 
 class Context:
@@ -23,7 +24,8 @@ class Context:
 
     Attributes:
         io: the cluster (Ray, or the fake one).
-        state: the state owner, the only way to change a record.
+        state: the state owner: what is known (read it; change it through ``records``).
+        records: every change of a record, named (:mod:`controller.runtime.transitions`).
         nodes: the nodes as Ray last reported them.
         locks: who may change a job when.
         tasks: every task the controller runs beside its calls; ``stop()`` ends them.
@@ -45,6 +47,7 @@ class Context:
     ) -> None:
         self.io = io
         self.state = state
+        self.records = Transitions(state)
         self.settings = settings
         self.prefix = prefix
         self.incarnation = incarnation

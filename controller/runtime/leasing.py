@@ -40,6 +40,7 @@ class Leaser:
 
     def __init__(self, ctx: Context) -> None:
         self._io, self._state, self._locks = ctx.io, ctx.state, ctx.locks
+        self._records = ctx.records
         self.settings = ctx.settings
         self._tentative: dict[str, set[int]] = {}
 
@@ -192,8 +193,7 @@ class Leaser:
                 lease = await self._find_ports(
                     res, plan, component, rank, count, consecutive, purpose, holds
                 )
-                leased = msgspec.structs.replace(res, leases=[*res.leases, lease])
-                await self._state.commit(leased, base=res)
+                await self._records.leases(res, [*res.leases, lease])
             finally:
                 self.drop_holds(holds)
             return list(lease.ports)
@@ -213,5 +213,5 @@ class Leaser:
             keep = [x for x in res.leases if x.purpose == MASTER or not drop & set(x.ports)]
             ended = len(res.leases) - len(keep)
             if ended:
-                await self._state.commit(msgspec.structs.replace(res, leases=keep), base=res)
+                await self._records.leases(res, keep)
             return ended

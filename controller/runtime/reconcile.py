@@ -17,8 +17,6 @@ from __future__ import annotations
 import logging
 import time
 
-import msgspec
-
 from controller.runtime import groups
 from controller.runtime.checks import Checker
 from controller.runtime.context import Context
@@ -38,6 +36,7 @@ class Reconciler:
         self, ctx: Context, checker: Checker, reserver: Reserver, repairer: Repairer
     ) -> None:
         self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
+        self._records = ctx.records
         self._checker = checker
         self._reserver = reserver
         self._repairer = repairer
@@ -66,7 +65,7 @@ class Reconciler:
             res = self._state.records[job]
             if res.applying is not None:
                 log.warning("rolling back an apply to %r cut short by a restart", job)
-                await self._state.commit(msgspec.structs.replace(res, applying=None), base=res)
+                await self._records.applying(res, None)
                 res = self._state.records[job]  # its groups are orphans now
             if res.state in (PENDING, RELEASING):
                 log.warning("finishing %s reservation %r cut short by a restart", res.state, job)
@@ -197,8 +196,7 @@ class Reconciler:
             res = self._state.get(job)
             if res is not None and res.applying is not None:
                 try:
-                    cleared = msgspec.structs.replace(res, applying=None)
-                    await self._state.commit(cleared, base=res)
+                    await self._records.applying(res, None)
                 except Exception as e:
                     log.info("clearing the apply intent of %r: %s", job, e)
 

@@ -37,6 +37,7 @@ class Repairer:
 
     def __init__(self, ctx: Context, checker: Checker, leaser: Leaser) -> None:
         self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
+        self._records = ctx.records
         self._checker = checker
         self._leaser = leaser
         self._progress = ctx.progress
@@ -133,7 +134,7 @@ class Repairer:
                         plan = (await self._state.plan(job)).plan
                         previous = await self._state.published(job)
                         published = publish(new, plan, previous=previous)
-                        await self._state.commit(new, base=res, published=published)
+                        await self._records.placed(new, res, published)
                         stale -= {x.group_id for x in leaving}
                 finally:
                     self._leaser.drop_holds(holds)
@@ -142,7 +143,7 @@ class Repairer:
                     self._after[job] = time.monotonic() + self.settings.repair_retry
                     if why and why != res.reason:
                         log.warning("reservation %r stays where it is: %s", job, why)
-                        await self._state.commit(msgspec.structs.replace(res, reason=why), base=res)
+                        await self._records.explained(res, why)
                     return
             log.warning("reservation %r moved off draining node(s) (epoch %d)", job, new.epoch)
             await groups.remove_verified(self._io, stale, self.settings.removal_timeout)
@@ -167,7 +168,7 @@ class Repairer:
                     self._io, {x.group_id for x in due}, self.settings.removal_timeout
                 )
                 keep = [x for x in res.leaving if x not in due or x.group_id in left]
-                await self._state.commit(msgspec.structs.replace(res, leaving=keep), base=res)
+                await self._records.left_behind(res, keep)
             except Exception as e:
                 log.warning("removing the groups %r left on draining nodes: %s", job, e)
 
@@ -197,7 +198,7 @@ class Repairer:
                         plan = (await self._state.plan(job)).plan
                         previous = await self._state.published(job)
                         published = publish(new, plan, previous=previous)
-                        await self._state.commit(new, base=res, published=published)
+                        await self._records.placed(new, res, published)
                 finally:
                     self._leaser.drop_holds(holds)
                     self._making.pop(job, None)
@@ -207,8 +208,7 @@ class Repairer:
                         why += f"; repair policy is manual: run `placectl repair {job}`"
                     if why and why != res.reason:
                         log.warning("reservation %r stays degraded: %s", job, why)
-                        changed = msgspec.structs.replace(res, reason=why)
-                        await self._state.commit(changed, base=res)
+                        await self._records.explained(res, why)
                     return
                 self._after.pop(job, None)
                 self._incarnation.crash_point("replace_after_write")
@@ -245,8 +245,7 @@ class Repairer:
         broken = sorted(set(found) | moving)
         if not broken:
             if draining is None:
-                ready = msgspec.structs.replace(res, state=READY, reason="")
-                await self._state.commit(ready, base=res)
+                await self._records.ready(res)
             return None, "", set(), None
         live = self._nodes.view(res.spec.accelerator)
         live_by_id = {n.node_id: n for n in live.nodes}

@@ -52,6 +52,7 @@ class Reserver:
 
     def __init__(self, ctx: Context, checker: Checker, leaser: Leaser, repairer: Repairer) -> None:
         self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
+        self._records = ctx.records
         self._checker = checker
         self._leaser = leaser
         self._repairer = repairer
@@ -106,9 +107,7 @@ class Reserver:
             same = existing is not None and existing.settled and existing.spec == spec
             if same:
                 if existing.repair != policy:
-                    changed = msgspec.structs.replace(existing, repair=policy)
-                    await self._state.commit(changed, base=existing)
-                    existing = changed
+                    existing = await self._records.policy(existing, policy)
                 if self._checker.truthful(existing).state == READY or policy != AUTO:
                     return existing
             else:
@@ -182,8 +181,7 @@ class Reserver:
                     log.warning("placing admitted reservation %r failed: %s; queued again", job, e)
                     why = f"admitted, but placing it failed ({e}); queued again"
                     if (now := self._state.get(job)) is not None and now.state == QUEUED:
-                        again = msgspec.structs.replace(now, reason=why)
-                        await self._state.commit(again, base=now)
+                        await self._records.explained(now, why)
                 finally:
                     self._tasks.drop("reserve", job)
                     self._progress.clear(job)
@@ -244,7 +242,7 @@ class Reserver:
         stored = StoredPlan(job=job, uid=uid, epoch=epoch, plan=plan)
         crash_point = self._incarnation.crash_point
         crash_point("after_plan")
-        await self._state.commit(record, base=before, plan=stored)
+        await self._records.created(record, before, plan=stored)
         pending = record
         created: dict[int, str] = {}
         holds: list = []
@@ -272,7 +270,7 @@ class Reserver:
             record = await self._leaser.lease_masters(record, plan, holds)
             published = publish(record, plan)  # node-group env clashes surface here
             ready = msgspec.structs.replace(record, state=READY)
-            await self._state.commit(ready, base=pending, published=published)
+            await self._records.placed(ready, pending, published)
             self.last_timings = {
                 "plan_s": round(t0 - entered, 6),
                 "place_s": round(t1 - t0, 6),
@@ -302,12 +300,10 @@ class Reserver:
             ids |= await groups.ids_by_name(self._io, names)  # made, never recorded
             left = await groups.remove_verified(self._io, ids, self.settings.removal_timeout)
             if left:
-                marked = msgspec.structs.replace(
-                    record, state=RELEASING, reason=f"rolling back: groups {sorted(left)} remain"
-                )
-                await self._state.commit(marked, base=pending)
+                why = f"rolling back: groups {sorted(left)} remain"
+                await self._records.releasing(pending, why)
                 return
-            await self._state.forget(record.job)
+            await self._records.forgotten(record.job)
 
         try:
             await to_the_end(undo())
@@ -321,9 +317,7 @@ class Reserver:
         if res is None:
             return False
         if res.state != RELEASING:
-            marked = msgspec.structs.replace(res, state=RELEASING, reason="releasing")
-            await self._state.commit(marked, base=res)
-            res = marked
+            res = await self._records.releasing(res, "releasing")
         self._incarnation.crash_point("release_after_mark")
         ids = res.group_ids()
         if any(not s.group_id for s in res.slots):  # cut short before ids were recorded
@@ -333,13 +327,13 @@ class Reserver:
         self._incarnation.crash_point("release_after_remove")
         if left:
             why = f"Ray still reports placement group(s) {sorted(left)}; retrying"
-            await self._state.commit(msgspec.structs.replace(res, reason=why), base=res)
+            await self._records.explained(res, why)
             raise ReservationError(
                 f"release of {job!r} is not complete: Ray still reports placement group(s) "
                 f"{sorted(left)} after {timeout:g}s; placectl keeps removing "
                 "them and drops the reservation once they are gone"
             )
-        await self._state.forget(job)
+        await self._records.forgotten(job)
         await self._demand.withdraw_job(job)
         self.admitter.wake()
         log.info("released %r", job)

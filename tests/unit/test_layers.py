@@ -176,3 +176,18 @@ def test_no_class_stubs_what_another_provides():
                 ):
                     stubs.add((str(path.relative_to(ROOT)), node.name))
     assert stubs == ABSTRACT
+
+
+def test_every_change_of_a_record_is_named_in_one_module():
+    """Only ``transitions.py`` commits or forgets a record: the operations say when a
+    record changes, that module what the change is."""
+    callers = set()
+    for path in sources("controller", "clients"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("commit", "forget")
+            ):
+                callers.add(str(path.relative_to(ROOT)))
+    assert callers == {"controller/runtime/transitions.py"}

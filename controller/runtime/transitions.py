@@ -1,0 +1,110 @@
+"""Every change of a reservation's record, named, in one place.
+
+The operations decide *when* a record changes (under the job's lock, see
+:mod:`controller.runtime.locks`); this module says *what* each change is: it builds the
+new record from the one the operation read (the ``base``) and commits it through the
+state owner, which refuses it if ``base`` is no longer the job's record
+(:class:`~controller.errors.StaleChange`) and writes it to the table before memory. No
+other module calls :meth:`ReservationState.commit` or :meth:`ReservationState.forget`
+(``tests/unit/test_layers.py`` checks it), so the list below is every way a record
+changes.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from controller.runtime.state import ReservationState
+from controller.state.ports import PortLease
+from controller.state.published import Published
+from controller.state.records import READY, RELEASING, Applying, ReservationRecord
+from controller.state.table import StoredPlan
+
+_replace = msgspec.structs.replace
+
+
+class Transitions:
+    """The changes of a record, each committed on the record it was built from."""
+
+    def __init__(self, state: ReservationState) -> None:
+        self._state = state
+
+    # ------------------------------------------------------------ created and removed
+    async def created(
+        self,
+        record: ReservationRecord,
+        base: ReservationRecord | None,
+        plan: StoredPlan | None = None,
+    ) -> ReservationRecord:
+        """A new record of the job (pending, or queued), replacing ``base`` if any."""
+        await self._state.commit(record, base=base, plan=plan)
+        return record
+
+    async def forgotten(self, job: str) -> None:
+        """The job's record and what hangs off it are gone (its groups already are)."""
+        await self._state.forget(job)
+
+    # ------------------------------------------------------------ placed and moved
+    async def placed(
+        self,
+        record: ReservationRecord,
+        base: ReservationRecord,
+        published: Published,
+        plan: StoredPlan | None = None,
+    ) -> ReservationRecord:
+        """``record`` (placed, repaired, moved or applied) with its assignments
+        published, replacing ``base``."""
+        await self._state.commit(record, base=base, plan=plan, published=published)
+        return record
+
+    async def ready(self, base: ReservationRecord, reason: str = "") -> ReservationRecord:
+        """Every slot is where Ray says it is."""
+        return await self._commit(_replace(base, state=READY, reason=reason), base)
+
+    async def judged(self, base: ReservationRecord, state: str, reason: str) -> ReservationRecord:
+        """A check's verdict: ready, or degraded and why."""
+        return await self._commit(_replace(base, state=state, reason=reason), base)
+
+    async def explained(self, base: ReservationRecord, reason: str) -> ReservationRecord:
+        """Why it stays as it is (a repair that found no room, a queue entry put back, a
+        release waiting for Ray)."""
+        return await self._commit(_replace(base, reason=reason), base)
+
+    async def releasing(self, base: ReservationRecord, reason: str) -> ReservationRecord:
+        """Its groups are being removed; the record goes once Ray reports them gone."""
+        return await self._commit(_replace(base, state=RELEASING, reason=reason), base)
+
+    async def left_behind(self, base: ReservationRecord, leaving: list) -> ReservationRecord:
+        """The old groups of a drained node's slots still kept until their deadline."""
+        return await self._commit(_replace(base, leaving=leaving), base)
+
+    # ------------------------------------------------------------ terms
+    async def policy(self, base: ReservationRecord, repair: str) -> ReservationRecord:
+        """Its repair policy, as the same reserve asked it again."""
+        return await self._commit(_replace(base, repair=repair), base)
+
+    async def terms(self, base: ReservationRecord, asked: dict) -> ReservationRecord:
+        """A queued reservation's terms (priority, preemptible, grace), asked again."""
+        return await self._commit(_replace(base, **asked), base)
+
+    async def preempted(self, base: ReservationRecord, at: float, reason: str) -> ReservationRecord:
+        """Chosen to be taken back: released at ``at`` (wall clock)."""
+        return await self._commit(_replace(base, preempt_at=at, reason=reason), base)
+
+    async def leases(self, base: ReservationRecord, leases: list[PortLease]) -> ReservationRecord:
+        """Its port leases, one added or some ended."""
+        return await self._commit(_replace(base, leases=leases), base)
+
+    # ------------------------------------------------------------ apply
+    async def applying(self, base: ReservationRecord, intent: Applying | None) -> ReservationRecord:
+        """An apply's intent written ahead (or, None, cleared: rolled back or ended)."""
+        return await self._commit(_replace(base, applying=intent), base)
+
+    async def _commit(
+        self, record: ReservationRecord, base: ReservationRecord
+    ) -> ReservationRecord:
+        await self._state.commit(record, base=base)
+        return record
+
+
+__all__ = ["Transitions"]
