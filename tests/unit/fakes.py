@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 
 import msgspec
@@ -126,3 +127,9 @@ def write_v1(fake: FakeCluster, records: dict[str, ReservationRecord]) -> None:
     data = v1_table(records, view)
     fake.kv.clear()
     fake.kv[LEGACY_KEY] = data
+
+
+def sha256(token: str) -> str:
+    """The first 8 hex digits of the token's SHA-256: how the history names a client
+    (docs/operations/events.md), computed here with hashlib, not with placectl."""
+    return hashlib.sha256(token.encode()).hexdigest()[:8]

@@ -14,10 +14,9 @@ import pytest
 from controller.errors import NotOwner, ReservationError
 from controller.runtime.settings import FAST
 from controller.state.events import Event
-from controller.state.owners import owner_hash
 from controller.state.table import EVENT, event_key
 from controller.state.usage import QueueUsage
-from tests.unit.fakes import cluster, controller, run, spec, stored, until
+from tests.unit.fakes import cluster, controller, run, sha256, spec, stored, until
 
 A = "token-of-a"
 
@@ -49,7 +48,7 @@ def test_a_reservation_s_life_is_told_in_order_with_who_acted_and_why():
             "released",
         ]
         reserved, degraded, repaired, *_ = told
-        mine = f"client {owner_hash(A)[:8]}"
+        mine = f"client {sha256(A)}"
         assert reserved.by == mine and told[-1].by == mine  # the client reserved, released
         assert degraded.by == repaired.by == "controller"  # the loop noticed and repaired
         assert node[:12] in degraded.message and degraded.cause == repaired.cause == "node-lost"
@@ -178,8 +177,8 @@ def test_quota_changes_need_the_operator_s_token_or_force_and_are_told():
         told = events(await again.events())
         assert [(e.kind, e.by) for e in told] == [
             ("quota", "client (no token) (forced)"),
-            ("operator", f"client {owner_hash('op')[:8]}"),
-            ("quota", f"client {owner_hash('op')[:8]}"),
+            ("operator", f"client {sha256('op')}"),
+            ("quota", f"client {sha256('op')}"),
         ]
         assert told[2].message == "quota of 'team' set: GPU=8" and told[2].queue == "team"
         await again.stop()

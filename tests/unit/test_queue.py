@@ -15,10 +15,19 @@ from controller.errors import (
     ReservationInfeasible,
     ReservationTimeout,
 )
-from controller.state.owners import owner_hash
 from controller.state.queueing import Entry, Holding, decide, victims
 from controller.state.status import QueueEntry
-from tests.unit.fakes import cluster, controller, info, live_groups, run, spec, stored, until
+from tests.unit.fakes import (
+    cluster,
+    controller,
+    info,
+    live_groups,
+    run,
+    sha256,
+    spec,
+    stored,
+    until,
+)
 
 GPU4 = {"GPU": 4.0}
 
@@ -225,7 +234,7 @@ def test_a_quota_keeps_a_queue_waiting_while_the_cluster_has_room():
     async def go():
         fake = cluster(gpu_nodes=2)
         ctl = await controller(fake)
-        assert await ctl.set_operator("op-token") == owner_hash("op-token")[:8]
+        assert await ctl.set_operator("op-token") == sha256("op-token")
         assert await ctl.set_quota("team", {"GPU": 4}, token="op-token") == {"GPU": 4.0}
         assert info(await ctl.reserve("one", q("0-3"), 5, queue="team")).state == "ready"
         two = asyncio.create_task(ctl.reserve("two", q("4-7"), 10, queue="team"))
