@@ -17,19 +17,9 @@ import ray
 
 import clients
 from controller import PlacementError
-from controller.errors import (
-    ReservationTimeout,
-)
+from controller.errors import ReservationTimeout
 from controller.runtime.ray_io import group_handle
 from tests.integration.conftest import one_node
-
-COLOCATED = {
-    "num_nodes": 3,
-    "component_placement": {
-        "actor,rollout": "0-7",
-        "engine": {"placement": "0-7:0-3", "capture_child_tasks": True},
-    },
-}
 
 
 def test_two_drivers_starting_the_controller_at_once_get_one(cluster):

@@ -301,17 +301,21 @@ class Job:
         done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
         return [r for r, ref in live if ref not in done]
 
+    def _start_over(self, spec) -> None:
+        """What a framework without placectl does: release everything, reserve ``spec``
+        from nothing, launch every worker again and restore the last checkpoint."""
+        for g in self.groups.values():
+            g.shutdown()
+        self.ctl.release(self.opts.job)
+        self.res = self.ctl.reserve(self.opts.job, spec, timeout_s=300)
+        self._launch()
+        self._rejoin()
+
     def _recover(self, step: int, error: Exception) -> None:
         started = time.time()
         cause = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
         if self.opts.baseline:
-            spec = self._current_spec()
-            for g in self.groups.values():
-                g.shutdown()
-            self.ctl.release(self.opts.job)
-            self.res = self.ctl.reserve(self.opts.job, spec, timeout_s=300)
-            self._launch()
-            self._rejoin()
+            self._start_over(self._current_spec())
             send("event", kind="restarted", step=step, cause=cause, seconds=time.time() - started)
             return
         self.res.wait_ready(timeout=300)
@@ -348,13 +352,7 @@ class Job:
         trainers = [a._actor_id for a in self.groups["actor"].actors]
         started_ranks: list[int] = []
         if self.opts.baseline:  # no elastic reservation: start over with the new layout
-            spec = with_component(self._current_spec(), "rollout", GROW)
-            for g in self.groups.values():
-                g.shutdown()
-            self.ctl.release(self.opts.job)
-            self.res = self.ctl.reserve(self.opts.job, spec, timeout_s=300)
-            self._launch()
-            self._rejoin()
+            self._start_over(with_component(self._current_spec(), "rollout", GROW))
         else:
             self.ctl.resize(self.opts.job, "rollout", GROW)
             started_ranks = self.groups["rollout"].sync().started
