@@ -231,9 +231,16 @@ class Controller(ChangeClient, QueueClient):
         return dict(sorted(out.items()))
 
     def status(self, job: str) -> ReservationInfo:
+        """``job``'s reservation as the controller sees it now: never ``ready`` while Ray
+        reports one of its nodes dead or one of its raylets refuses connections.
+
+        Raises:
+            UnknownReservation: no reservation named ``job``.
+        """
         return _INFO.decode(self.call("status", JobOf(job)))
 
     def list(self) -> list[ReservationInfo]:
+        """Every reservation, by job name, checked against Ray's node table."""
         return _INFOS.decode(self.call("list"))
 
     def suspects(self, job: str) -> list[str]:
