@@ -60,8 +60,9 @@ class PlacementController:
       applied in memory and before the call returns; a write that fails changes nothing
       (the call fails, memory still equals the table). A reservation is recorded
       ``pending`` before any group exists and ``releasing`` before any is removed. The
-      state owner (:class:`ReservationState`) is the only way to change anything, so the
-      rule holds in one place.
+      state owner (:class:`ReservationState`) is the only way to change anything, and
+      every change of a record is one of those :mod:`~controller.runtime.transitions`
+      names, committed on the record it was built from: the rule holds in one place.
     * **Idempotent calls.** Reserving a job again with the same spec returns it,
       releasing an absent job does nothing, a lease is found again by its name or
       request id. A client may retry any call after a restart, and Ray does so for

@@ -63,7 +63,7 @@ def route(
 def build(request: type, name: str, args: tuple, kw: dict) -> Any:
     """``request`` from a call's arguments, or the one request a client sent."""
     if len(args) == 1 and not kw and isinstance(args[0], request):
-        return args[0]  # unpickled, so checked again here
+        return args[0]  # checked when built (and again when Ray unpickled it)
     try:
         return request(*args, **kw)
     except TypeError as e:
