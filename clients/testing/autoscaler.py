@@ -225,6 +225,20 @@ class LocalAutoscaler:
         needed = self._new_nodes(state, slots)
         room = self.max_nodes - len(self.running())
         self._launching = min(needed, room)
+        if needed:
+            seen = ", ".join(
+                f"{n.node_id.hex()[:8]} {autoscaler_pb2.NodeStatus.Name(n.status)} "
+                f"GPU {n.available_resources.get('GPU', 0):g}/{n.total_resources.get('GPU', 0):g}"
+                for n in state.node_states
+            )
+            self.log.append(
+                (
+                    time.time(),
+                    f"demand: {len(state.pending_gang_resource_requests)} group(s), "
+                    f"{len(state.pending_resource_requests)} shape(s); nodes: {seen}; "
+                    f"launching {self._launching}",
+                )
+            )
         for _ in range(self._launching):  # one at a time: two `ray start` on one
             node = ProcessNode(  # host at once can collide on a port
                 self.cluster.address,
