@@ -67,14 +67,20 @@ async def timed(coro):
     return result, time.perf_counter() - started, time.process_time() - cpu
 
 
-async def one_size(nodes: int, reps: int) -> dict:
-    fake = QuietCluster(latency=RAY)
+async def controller_on(fake: FakeCluster, nodes: int) -> PlacementController:
+    """``fake`` given a head and ``nodes`` GPU nodes, and a recovered controller on it."""
     fake.add_node(num_cpus=8, head=True)
     for _ in range(nodes):
         fake.add_node(num_gpus=GPUS, num_cpus=2 * GPUS)
     ctl = PlacementController(io=fake, settings=QUIET)
     while not (await ctl.health())["recovered"]:
         await asyncio.sleep(0)
+    return ctl
+
+
+async def one_size(nodes: int, reps: int) -> dict:
+    fake = QuietCluster(latency=RAY)
+    ctl = await controller_on(fake, nodes)
     total = nodes + 1
     big = min(128, nodes // 4)
     # everything but the big job's nodes and a few spares goes to 8-node jobs

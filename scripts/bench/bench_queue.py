@@ -27,10 +27,8 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from bench_control_plane import QUIET, RAY, QuietCluster, job_spec
+from bench_control_plane import RAY, QuietCluster, controller_on, job_spec
 from harness import Results, parser
-
-from controller.runtime.controller import PlacementController
 
 GPUS = 8
 
@@ -50,12 +48,7 @@ class Timed(QuietCluster):
 
 async def run(nodes: int, queued: int, releases: int) -> dict:
     fake = Timed(latency=RAY)
-    fake.add_node(num_cpus=8, head=True)
-    for _ in range(nodes):
-        fake.add_node(num_gpus=GPUS, num_cpus=2 * GPUS)
-    ctl = PlacementController(io=fake, settings=QUIET)
-    while not (await ctl.health())["recovered"]:
-        await asyncio.sleep(0)
+    ctl = await controller_on(fake, nodes)
     total, holders = nodes + 1, nodes // 8
     for h in range(holders):
         await ctl.reserve(f"h{h}", job_spec(1 + 8 * h, 8, total), 3600)
