@@ -32,6 +32,7 @@ _LAZY = {
     "StaleReservation": "controller.errors",
     "TableUnreadable": "controller.errors",
     "UnknownReservation": "controller.errors",
+    "ControllerNotFound": "controller.errors",
 }
 
 __all__ = sorted(_LAZY)

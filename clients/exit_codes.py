@@ -7,7 +7,8 @@ code  meaning
 1     an error placectl does not classify (a bug: run with ``--debug`` and report it)
 2     usage: a bad option or argument, or a configuration or placement that cannot be
       honoured (fix the input; retrying changes nothing)
-3     not found: no reservation of that name
+3     not found: no reservation of that name, or no controller of that name (start one
+      with ``placectl start``)
 4     conflict: reserved with another configuration, owned by another client, or
       changed or released by another call meanwhile
 5     timeout: not satisfied in time, or still degraded (retry later, or give it longer)
@@ -27,6 +28,7 @@ INTERRUPTED = 130
 # Most specific first: the first class an error is an instance of decides.
 _CODES: list[tuple[type[Exception], int]] = [
     (errors.UnknownReservation, NOT_FOUND),
+    (errors.ControllerNotFound, NOT_FOUND),
     (errors.ReservationConflict, CONFLICT),
     (errors.NotOwner, CONFLICT),
     (errors.StaleReservation, CONFLICT),

@@ -15,8 +15,9 @@ from clients.queue import QueueClient
 from clients.reservation import Reservation
 from clients.transport import DEFAULT_NAME, DEFAULT_NAMESPACE
 from clients.versions import check_ray_version
-from controller import ClusterSpec, PlacementError, load_spec
+from controller import ClusterSpec, load_spec
 from controller.errors import (
+    ControllerNotFound,
     ReservationCancelled,
     TableUnreadable,
     UnknownReservation,
@@ -66,7 +67,7 @@ def connect(
         A handle; it works from any Ray namespace.
 
     Raises:
-        PlacementError: no controller exists and ``start`` is False.
+        ControllerNotFound: no controller exists and ``start`` is False.
     """
     check_ray_version(ray.__version__)
     if not ray.is_initialized():
@@ -76,7 +77,7 @@ def connect(
         created = False
     except ValueError:
         if not start:
-            raise PlacementError(
+            raise ControllerNotFound(
                 f"no placectl controller named {name!r} in namespace {namespace!r}; start one "
                 "with `placectl start` or connect(start=True)"
             ) from None

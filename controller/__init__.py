@@ -34,6 +34,7 @@ _EXPORTS = {
     "ReservationConflict": "controller.errors",
     "ReservationCancelled": "controller.errors",
     "UnknownReservation": "controller.errors",
+    "ControllerNotFound": "controller.errors",
     "TableUnreadable": "controller.errors",
     "ComponentPlacement": "controller.planning.components",
     "ComponentSpec": "controller.planning.spec",
@@ -59,6 +60,7 @@ __all__ = [
     "ColocationError",
     "ComponentPlacement",
     "ComponentSpec",
+    "ControllerNotFound",
     "FlexiblePlacementStrategy",
     "NodeGroup",
     "NodePlacementStrategy",
@@ -89,6 +91,7 @@ if TYPE_CHECKING:
     from controller.errors import (
         ClusterUnavailable,
         ColocationError,
+        ControllerNotFound,
         NotOwner,
         PersistenceError,
         PlacementError,

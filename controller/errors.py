@@ -42,6 +42,11 @@ class UnknownReservation(ReservationError):
     """No reservation of that job name exists."""
 
 
+class ControllerNotFound(ReservationError):
+    """No placectl controller of that name runs in that namespace (and none was to be
+    started): start one with ``placectl start`` or ``connect(start=True)``."""
+
+
 class ReservationCancelled(ReservationError):
     """A pending reservation was cancelled (by ``release`` or the caller) and rolled back."""
 

@@ -17,24 +17,26 @@ from clients.cli.app import (
     warn_head,
     watch,
 )
-from controller import ClusterView, ComponentPlacement, load_spec
+from controller import ClusterView, ComponentPlacement, NodeView, load_spec
 from controller.errors import TableUnreadable
 from controller.planning.cluster import load_cluster_view
 
 
 def _dry_run_view(spec, nodes, gpus_per_node) -> ClusterView:
-    nodes = spec.num_nodes if nodes is None else nodes
+    """The cluster a dry run plans on: ``--nodes`` and ``--gpus-per-node`` when given,
+    else the configuration's own, and what neither says from the running cluster."""
     gpus_per_node = spec.num_gpus_per_node if gpus_per_node is None else gpus_per_node
     if gpus_per_node is None:
         from clients.discovery import running_cluster_view
 
         view = running_cluster_view(spec.accelerator)
-        if view is not None:
-            return view
-        raise click.UsageError(
-            "no Ray cluster is running to take the accelerators per node from; give "
-            "--gpus-per-node N (or --cluster nodes.yaml for uneven nodes)"
-        )
+        if view is None:
+            raise click.UsageError(
+                "no Ray cluster is running to take the accelerators per node from; give "
+                "--gpus-per-node N (or --cluster nodes.yaml for uneven nodes)"
+            )
+        return view if nodes is None else _resized(view, nodes)
+    nodes = spec.num_nodes if nodes is None else nodes
     if nodes < 1 or gpus_per_node < 0:
         raise click.UsageError(
             f"--nodes {nodes} --gpus-per-node {gpus_per_node}: need nodes >= 1, gpus >= 0"
@@ -42,9 +44,38 @@ def _dry_run_view(spec, nodes, gpus_per_node) -> ClusterView:
     return ClusterView.uniform(num_nodes=nodes, gpus_per_node=gpus_per_node)
 
 
+def _resized(running: ClusterView, nodes: int) -> ClusterView:
+    """``--nodes N`` on the running cluster's shape: its first N nodes, or all of them
+    and more shaped like its last one; says which on stderr."""
+    have = len(running.nodes)
+    if nodes < 1:
+        raise click.UsageError(f"--nodes {nodes}: need nodes >= 1")
+    if nodes <= have:
+        kept = running.nodes[:nodes]
+        if nodes < have:
+            click.echo(
+                f"planning on the first {nodes} of the running cluster's {have} nodes", err=True
+            )
+        return ClusterView(nodes=list(kept))
+    last = running.nodes[-1]
+    more = [NodeView(num_gpus=last.num_gpus, resources=dict(last.resources))] * (nodes - have)
+    click.echo(
+        f"planning on the running cluster's {have} node(s) and {nodes - have} more shaped "
+        f"like its last ({last.num_gpus} accelerator(s)): the running cluster could not "
+        "hold this plan as it is",
+        err=True,
+    )
+    return ClusterView(nodes=[*running.nodes, *more])
+
+
 @cli.command()
 @click.argument("config")
-@click.option("--nodes", type=int, help="Number of nodes (default: cluster.num_nodes).")
+@click.option(
+    "--nodes",
+    type=int,
+    help="Number of nodes, the head included (default: cluster.num_nodes, or the running "
+    "cluster's).",
+)
 @click.option(
     "--gpus-per-node",
     type=int,

@@ -178,6 +178,31 @@ def test_plan_without_gpus_per_node_plans_on_the_running_cluster(cluster, tmp_pa
         assert on.count(node) == gpus[node]  # one rank per GPU Ray counts there
 
 
+def test_plan_with_nodes_plans_for_that_many_whatever_cluster_is_up(cluster, tmp_path):
+    """`--nodes N` is the plan's node count even with a smaller cluster up: the running
+    cluster's nodes, then more shaped like its last, and a word that it could not hold
+    the plan (it used to take the running cluster whole and refuse)."""
+    config = tmp_path / "conf.yaml"
+    config.write_text("cluster:\n  num_nodes: 5\n  component_placement:\n    actor: 0-15\n")
+    env = {**os.environ, "RAY_ADDRESS": cluster.address}
+    done = subprocess.run(
+        [sys.executable, "-m", "clients.cli", "plan", str(config), "--nodes", "5", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    placed = json.loads(done.stdout)["components"]["actor"]
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    gpus_last = max(n["Resources"].get("GPU", 0) for n in alive)
+    assert len(placed) == 16
+    assert {p["node_rank"] for p in placed} == {1, 2, 3, 4}  # the head has no GPU
+    assert all(sum(p["node_rank"] == r for p in placed) == gpus_last for r in (1, 2, 3, 4))
+    assert "could not hold this plan" in done.stderr
+
+
 def test_the_cli_exit_codes_tell_not_found_conflict_and_timeout_apart(cluster, ctl, tmp_path):
     from tests.integration.conftest import placectl_cli
 

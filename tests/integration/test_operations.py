@@ -169,7 +169,7 @@ def test_every_command_prints_json_and_exits_as_documented(metrics_cluster, tmp_
         (("release", "--all"), 2, "add --force"),
         (("status", "nosuch"), 3, "no reservation named 'nosuch'"),
         (("quota", "research", "GPU=1"), 4, "operator's token"),
-        (("--name", "elsewhere", "status"), 2, "no placectl controller named 'elsewhere'"),
+        (("--name", "elsewhere", "status"), 3, "no placectl controller named 'elsewhere'"),
     ]:
         out = cli(address, *args)
         assert out.returncode == code and words in out.stderr, (args, out.returncode, out.stderr)

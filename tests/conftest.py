@@ -1,0 +1,56 @@
+"""What every test shares: its time limit, and whether a skip may pass.
+
+``PLACECTL_NO_SKIPS=1`` (CI sets it) turns every skip into a failure that names the
+reason, so a missing package (verl, RLinf, OpenRLHF, torch, a Redis server, whatever
+comes next), or one of their own dependencies that failed to install, fails the run
+instead of leaving it green with the tests unrun. A test that may skip on a machine of
+another kind says so with ``@pytest.mark.may_skip``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+NO_SKIPS = os.environ.get("PLACECTL_NO_SKIPS", "") not in ("", "0")
+UNIT_TIMEOUT_S = 60
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "may_skip: this test's skip is right on some machines, even in CI"
+    )
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/unit/" in item.nodeid and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(UNIT_TIMEOUT_S))
+
+
+def _refuse(report, where: str) -> None:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+    report.outcome = "failed"
+    report.longrepr = f"{where} skipped with PLACECTL_NO_SKIPS set: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if (
+        NO_SKIPS
+        and report.skipped
+        and not hasattr(report, "wasxfail")
+        and item.get_closest_marker("may_skip") is None
+    ):
+        _refuse(report, item.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if NO_SKIPS and report.skipped:  # a module-level skip or importorskip
+        _refuse(report, collector.nodeid)
