@@ -5,6 +5,18 @@ from __future__ import annotations
 
 import warnings
 
+from controller.errors import PlacementError
+
+RLINF_VERSION = "0.3.0"
+
+
+def rlinf_missing(error: ImportError) -> PlacementError:
+    """What the RLinf modules raise without rlinf: the error, and how to install it."""
+    return PlacementError(
+        f"the RLinf integration needs rlinf (written against {RLINF_VERSION}): "
+        f"pip install --no-deps rlinf=={RLINF_VERSION} omegaconf ({error})"
+    )
+
 
 def warn_if_not(package: str, written_against: str, integration: str) -> None:
     """Warn once, at import, when the installed ``package`` is not the version the

@@ -66,13 +66,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from clients.integrations import warn_if_not
+from clients.integrations import RLINF_VERSION, rlinf_missing, warn_if_not
 from clients.session import DEFAULT_NAME, connect
 from controller.errors import PlacementError
 from controller.planning.spec import load_spec
 from controller.state.assignments import Assignment
-
-RLINF_VERSION = "0.3.0"
 
 try:
     import ray
@@ -85,10 +83,7 @@ try:
 
     from clients.integrations.rlinf_agreement import ReservationOrder, check_rank, ordering
 except ImportError as e:  # pragma: no cover - exercised only without rlinf
-    raise PlacementError(
-        f"the RLinf integration needs rlinf (written against {RLINF_VERSION}): "
-        f"pip install --no-deps rlinf=={RLINF_VERSION} omegaconf ({e})"
-    ) from None
+    raise rlinf_missing(e) from None
 
 
 warn_if_not("rlinf", RLINF_VERSION, "RLinf")

@@ -14,12 +14,17 @@ import time
 from typing import Any
 
 import ray
-from rlinf.scheduler.cluster.cluster import Cluster
-from rlinf.scheduler.cluster.node import NodeProbe
 
+from clients.integrations import rlinf_missing
 from controller.errors import PlacementError
 from controller.planning.node_groups import ACCELERATOR, NODE
 from controller.state.assignments import Assignment
+
+try:
+    from rlinf.scheduler.cluster.cluster import Cluster
+    from rlinf.scheduler.cluster.node import NodeProbe
+except ImportError as e:  # pragma: no cover - exercised only without rlinf
+    raise rlinf_missing(e) from None
 
 ordering = threading.local()  # .cluster: the ReservedCluster whose constructor probes nodes
 

@@ -8,6 +8,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from controller.runtime.channels import TEST_HOOKS
+
 HEAD = {"num_cpus": 2, "num_gpus": 0}
 GPUS_PER_NODE = 4
 
@@ -43,6 +45,7 @@ def local_cluster(
     saved = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault(TEST_HOOKS, "1")  # a controller here answers the tests' hooks
     cluster = Cluster(initialize_head=True, head_node_args=dict(head or HEAD))
     try:
         uniform = {"num_cpus": gpus if cpus is None else cpus, "num_gpus": gpus}

@@ -8,7 +8,12 @@ spins). So the answer tells a process that runs from one that does not:
 * ``ok``: it answered;
 * ``refused``: nothing listens on its port: the process is gone;
 * ``silent``: no answer in time: stopped (``SIGSTOP``, a hung kernel), cut off, or a
-  machine that vanished without a word (no reset comes from a machine that is off).
+  machine that vanished without a word (no reset comes from a machine that is off);
+* ``denied``: it answered, but refused placectl (a token or TLS credentials it does not
+  accept): nothing is known of whether it runs (:mod:`controller.runtime.channels`).
+
+The channel is secured as Ray secures its own (token, TLS): a secured cluster answers
+placectl as it answers any Ray client.
 
 Used by the controller for raylets (:mod:`controller.runtime.liveness`) and by worker
 groups for their ranks (:mod:`clients.workers`). Imports ``grpc`` only when called.
@@ -18,13 +23,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from controller.runtime.channels import DENIED, denied, open_channel
+
 OK, REFUSED, SILENT = "ok", "refused", "silent"
 _METHOD = "/grpc.health.v1.Health/Check"
 
 
-def answers(addresses: Mapping[str, str], timeout: float) -> dict[str, str]:
-    """Ask every ``key -> host:port`` at once; ``key -> ok | refused | silent`` within
-    about ``timeout`` seconds, whatever their number. An empty address is ``refused``."""
+def answers(
+    addresses: Mapping[str, str], timeout: float, why: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Ask every ``key -> host:port`` at once; ``key -> ok | refused | silent | denied``
+    within about ``timeout`` seconds, whatever their number. An empty address is
+    ``refused``. For each ``denied`` one, ``why`` (if given) gets the server's reason."""
     import grpc
 
     out: dict[str, str] = {}
@@ -33,7 +43,7 @@ def answers(addresses: Mapping[str, str], timeout: float) -> dict[str, str]:
         if not address:
             out[key] = REFUSED
             continue
-        channel = grpc.insecure_channel(address)
+        channel = open_channel(address)
         call = channel.unary_unary(
             _METHOD, request_serializer=lambda x: x, response_deserializer=lambda x: x
         )
@@ -43,7 +53,10 @@ def answers(addresses: Mapping[str, str], timeout: float) -> dict[str, str]:
             future.result()
             out[key] = OK
         except grpc.RpcError as e:
-            out[key] = _verdict(e.code(), e.details() or "")
+            refusal = denied(e)
+            if refusal is not None and why is not None:
+                why[key] = refusal
+            out[key] = DENIED if refusal is not None else _verdict(e.code(), e.details() or "")
         finally:
             channel.close()
     return out

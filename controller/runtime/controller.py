@@ -23,6 +23,7 @@ import time
 
 from controller.errors import ReservationError, TableUnreadable
 from controller.runtime.change_calls import ChangeCalls
+from controller.runtime.channels import test_hooks
 from controller.runtime.context import Context
 from controller.runtime.diagnostics import DiagnosticCalls
 from controller.runtime.history import History
@@ -115,7 +116,7 @@ class PlacementController:
             from controller.runtime.ray_io import RayClusterIO
 
             io = RayClusterIO(KV_NAMESPACE, kv_prefix(name))
-        self.settings = settings or Settings()
+        self.settings = settings or Settings(test_hooks=test_hooks())
         self._io = io
         self._incarnation = Incarnation(exit_process=real)
         tasks = Tasks()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller.errors import ReservationError
+from controller.runtime.channels import TEST_HOOKS
 from controller.runtime.operations import Operations
 from controller.runtime.readiness import Readiness
 from controller.state.requests import Fault, JobOf
@@ -31,7 +33,8 @@ class DiagnosticCalls:
 
     async def health(self) -> dict[str, Any]:
         """Version, incarnation, node, recovery, refusal, how node events arrive, GCS
-        store, fenced nodes."""
+        store, fenced nodes, who refuses placectl's own calls (``denied``: node id or
+        ``gcs`` -> why) and the fences that failed."""
         io = self._ctx.io
         return {
             "version": version(),
@@ -43,11 +46,20 @@ class DiagnosticCalls:
             "node_events": io.watching(),
             "gcs_store": io.gcs_store(),
             "fenced": dict(self._ops.liveness.fenced),
+            "denied": dict(self._ops.liveness.denied),
+            "fence_failures": self._ops.liveness.fence_failures,
         }
 
     # ------------------------------------------------------------ testing
     async def arm_fault(self, call: Fault) -> None:
-        """Test only: crash the next time ``step`` is reached."""
+        """Test only: crash the next time ``step`` is reached. Refused unless the
+        controller was started with its test hooks (``Settings.test_hooks``)."""
+        if not self._ctx.settings.test_hooks:
+            raise ReservationError(
+                f"arm_fault({call.step!r}) is a test hook: this controller was not started "
+                f"for tests ({TEST_HOOKS}=1 in its environment, as placectl's test clusters "
+                "set it); nothing was armed"
+            )
         self._ctx.incarnation.arm(call.step)
 
     async def timings(self) -> dict[str, float]:

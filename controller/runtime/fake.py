@@ -81,6 +81,7 @@ class FakeCluster:
         self.probe_delay = 0.0  # seconds a probe task takes
         self.store = "redis"  # where the GCS keeps its tables (gcs_store)
         self.fenced: dict[str, str] = {}  # node -> the reason placectl gave Ray
+        self.fence_refusal: Exception | None = None  # raised by every fence while set
         self.draining: dict[str, float] = {}  # node -> deadline (0: none); nothing new lands
         self._ids = itertools.count(1)
         self._making: set[asyncio.Task] = set()
@@ -142,7 +143,8 @@ class FakeCluster:
 
     def crash_node(self, node_id: str, how: str = "refused") -> None:
         """The node's processes die at once (``refused``), stop (``silent``, a hang) or go
-        on again (``ok``); Ray calls it alive all along, until it is fenced."""
+        on again (``ok``), or its raylet refuses placectl's credentials (``denied``); Ray
+        calls it alive all along, until it is fenced."""
         node = self.nodes_by_id[node_id]
         node.raylet, node.answers = how, how == "ok"
 
@@ -233,13 +235,20 @@ class FakeCluster:
         self._cost("draining_nodes", self.latency.gcs_rtt)
         return {n: d for n, d in self.draining.items() if self.nodes_by_id[n].info.alive}
 
-    async def node_answers(self, addresses: dict[str, str], timeout: float) -> dict[str, str]:
+    async def node_answers(
+        self, addresses: dict[str, str], timeout: float, why: dict[str, str] | None = None
+    ) -> dict[str, str]:
         self._cost("node_answers", self.latency.gcs_rtt)
         nodes = self.nodes_by_id
-        return {n: nodes[n].raylet if n in nodes else "refused" for n in addresses}
+        got = {n: nodes[n].raylet if n in nodes else "refused" for n in addresses}
+        if why is not None:
+            why.update({n: "UNAUTHENTICATED: injected" for n, a in got.items() if a == "denied"})
+        return got
 
     async def fence(self, node_id: str, why: str) -> None:
         self._cost("fence", self.latency.gcs_rtt)
+        if self.fence_refusal is not None:
+            raise self.fence_refusal
         self.fenced[node_id] = why
         if node_id in self.nodes_by_id and self.nodes_by_id[node_id].info.alive:
             self.kill_node(node_id)

@@ -69,6 +69,7 @@ class Metrics(Protocol):
     def reserve_latency(self, seconds: float) -> None: ...
     def event(self, event: Event) -> None: ...
     def queues(self, usage: list[QueueUsage]) -> None: ...
+    def fence(self, outcome: str) -> None: ...
 
 
 class ClusterIO(Protocol):
@@ -104,13 +105,18 @@ class ClusterIO(Protocol):
         back): node id -> the drain's deadline in wall-clock seconds (0: none given)."""
         ...
 
-    async def node_answers(self, addresses: dict[str, str], timeout: float) -> dict[str, str]:
+    async def node_answers(
+        self, addresses: dict[str, str], timeout: float, why: dict[str, str] | None = None
+    ) -> dict[str, str]:
         """Whether each node's raylet (``node id -> host:port``) answers a health check:
-        ``ok``, ``refused`` or ``silent`` (:mod:`controller.runtime.answers`)."""
+        ``ok``, ``refused``, ``silent`` or ``denied`` (:mod:`controller.runtime.answers`);
+        ``why`` gets the reason of each ``denied``."""
         ...
 
     async def fence(self, node_id: str, why: str) -> None:
-        """Have Ray mark ``node_id`` dead now, with ``why`` as the reason it shows."""
+        """Have Ray mark ``node_id`` dead now, with ``why`` as the reason it shows.
+        Raises :class:`~controller.runtime.channels.CallDenied` when Ray refuses
+        placectl itself (its token, its TLS credentials)."""
         ...
 
     # Placement groups.
@@ -165,6 +171,7 @@ class KeptMetrics:
         self.latencies: list[float] = []
         self.events: list[Event] = []
         self.usage: list[QueueUsage] = []
+        self.fences: list[str] = []
 
     def observe(self, states: dict[str, int]) -> None:
         self.states = dict(states)
@@ -177,3 +184,6 @@ class KeptMetrics:
 
     def queues(self, usage: list[QueueUsage]) -> None:
         self.usage = list(usage)
+
+    def fence(self, outcome: str) -> None:
+        self.fences.append(outcome)

@@ -20,6 +20,15 @@ never gets its slot back: a fenced raylet that comes back is told it is dead and
 A node that is only slow is never fenced: a raylet answers health checks from its gRPC
 threads, whatever its tasks do, and one answer clears every doubt. The head node (this
 controller's own) is never fenced.
+
+A fence is sent once, and only to a node that needs it: never to one Ray already reports
+dead or is draining (a drain ends in the node's removal, and a second ``UnregisterNode``
+for a node Ray is removing stalls the GCS's update of it until the call times out), never
+twice at once, and a caller waits for it at most ``settings.fence_wait``. A fence that
+failed is tried again with a growing delay. An answer that refuses placectl (its token,
+its TLS credentials: :mod:`controller.runtime.channels`) is no evidence of death: the
+node is not fenced, that is said once (log, event history, ``health()``), and Ray's own
+health checks decide.
 """
 
 from __future__ import annotations
@@ -30,17 +39,28 @@ import logging
 import time
 from collections.abc import Callable
 
-from controller.runtime.answers import OK, REFUSED
+from controller.runtime.answers import DENIED, OK, REFUSED
+from controller.runtime.channels import CallDenied
 from controller.runtime.context import Context
+from controller.state import events as ev
 
 log = logging.getLogger("placectl.controller")
+
+GCS = "gcs"  # the key of a refusal by the GCS (a fence), beside those of raylets
+_RETRY_FIRST, _RETRY_MOST = 0.5, 10.0  # a failed fence is tried again after these
 
 
 class Liveness:
     """Watches the raylets of the nodes that hold slots, and fences dead ones.
 
     Args:
-        on_fenced: called with each node fenced (the loop is woken to act on it).
+        on_fenced: called with each node fenced, or found dead before its fence (the
+            loop is woken to act on it).
+
+    Attributes:
+        fenced: node -> why, for the nodes this incarnation fenced.
+        denied: node id (or ``gcs``) -> why it refused placectl's calls, this incarnation.
+        fence_failures: fences that failed (tried again later), this incarnation.
     """
 
     def __init__(self, ctx: Context, on_fenced: Callable[[str], None]) -> None:
@@ -50,7 +70,10 @@ class Liveness:
         self._on_fenced = on_fenced
         self._silent_since: dict[str, float] = {}  # node -> first unanswered check
         self._refused_at: dict[str, float] = {}  # node -> first refusal in a row
-        self.fenced: dict[str, str] = {}  # node -> why (this incarnation)
+        self._retry_at: dict[str, tuple[float, int]] = {}  # node -> (not before, failures)
+        self.fenced: dict[str, str] = {}
+        self.denied: dict[str, str] = {}
+        self.fence_failures = 0
 
     def start(self) -> None:
         self._tasks.start("liveness", "watch", self._watch())
@@ -60,7 +83,7 @@ class Liveness:
             await asyncio.sleep(self.settings.liveness_period)
             try:
                 watched = self.watched()
-                for doubts in (self._silent_since, self._refused_at):
+                for doubts in (self._silent_since, self._refused_at, self._retry_at):
                     for node in set(doubts) - watched:  # released: its doubts go too, so
                         del doubts[node]  # a later reservation there starts afresh
                 await self.sweep(watched)
@@ -79,8 +102,8 @@ class Liveness:
         return {n for n in out if not (info := self._nodes.info(n)) or not info.is_head}
 
     async def sweep(self, node_ids: set[str]) -> set[str]:
-        """Ask each node's raylet once; fence those that are certainly gone. Returns
-        the nodes fenced."""
+        """Ask each node's raylet once; start the fence of those certainly gone (a
+        caller waits for it with :meth:`fences`). Returns the nodes whose fence runs."""
         addresses = {}
         for n in sorted(node_ids):
             info = self._nodes.info(n)
@@ -88,65 +111,120 @@ class Liveness:
                 addresses[n] = info.raylet
         if not addresses:
             return set()
-        got = await self._io.node_answers(addresses, self.settings.liveness_timeout)
+        why: dict[str, str] = {}
+        got = await self._io.node_answers(addresses, self.settings.liveness_timeout, why)
         now = time.monotonic()
-        fenced = set()
+        fencing = set()
         for node, answer in got.items():
-            if answer == OK:
+            if answer in (OK, DENIED):  # alive, or nothing known: no doubt either way
                 self._silent_since.pop(node, None)
                 self._refused_at.pop(node, None)
+                if answer == DENIED:
+                    self._refused_us(node, why.get(node, "refused"))
                 continue
             since = self._silent_since.setdefault(node, now)
             if answer == REFUSED:
                 first = self._refused_at.setdefault(node, now)
                 if now - first >= self.settings.refused_confirm and now > first:
-                    why = "its raylet refuses connections (the node's processes are gone)"
-                    fenced.add(await self._fence(node, why))
+                    why_ = "its raylet refuses connections (the node's processes are gone)"
+                    fencing.add(self._fence(node, why_))
                     continue
             else:
                 self._refused_at.pop(node, None)
             if now - since >= self.settings.fence_after:
-                why = f"its raylet has not answered for {now - since:.1f}s"
-                fenced.add(await self._fence(node, why))
-        return fenced - {""}
+                fencing.add(
+                    self._fence(node, f"its raylet has not answered for {now - since:.1f}s")
+                )
+        return fencing - {""}
 
     async def check_now(self, node_ids: set[str]) -> set[str]:
         """Ask now (a caller suspects these nodes): a refusing raylet is confirmed and
         fenced within ``settings.refused_confirm``; a silent one is fenced once silent
-        for ``settings.fence_after`` (by this call or the watch). Returns the nodes that
-        do not answer and are not fenced yet (suspects)."""
+        for ``settings.fence_after`` (by this call or the watch). Waits for a fence at
+        most ``settings.fence_wait``. Returns the nodes that do not answer and are not
+        fenced yet (suspects)."""
         ask = {n for n in node_ids if n in self._nodes} & self.watched()
         if not ask:
             return set()
-        await self.sweep(ask)
+        fencing = await self.sweep(ask)
         refused = {n for n in ask if n in self._refused_at and n in self._nodes}
         if refused:
             await asyncio.sleep(self.settings.refused_confirm)
-            await self.sweep(refused)
+            fencing |= await self.sweep(refused)
+        await self.fences(fencing)
         return {n for n in ask if n in self._silent_since and n in self._nodes}
 
-    async def _fence(self, node: str, why: str) -> str:
-        """Fence ``node`` once: concurrent sweeps await the one call in flight. Two
-        ``UnregisterNode`` calls for one node at once stall the GCS's update of it until
-        the second times out (measured on Ray 2.60: dead after 10 s instead of 0.06 s)."""
-        if node in self.fenced:
-            return node
-        return await asyncio.shield(self._tasks.start("fence", node, self._fence_once(node, why)))
+    async def fences(self, nodes: set[str]) -> None:
+        """Wait for the fences of ``nodes`` in flight, at most ``settings.fence_wait``:
+        a fence the GCS is slow to answer runs on without holding its caller."""
+        running = [t for n in nodes if (t := self._tasks.get("fence", n)) is not None]
+        if running:
+            await asyncio.wait(running, timeout=self.settings.fence_wait)
 
-    async def _fence_once(self, node: str, why: str) -> str:
+    def _fence(self, node: str, why: str) -> str:
+        """Start fencing ``node`` unless it is fenced, being fenced, waiting to be tried
+        again, or placectl may not fence; returns the node if its fence runs."""
+        if node in self.fenced or GCS in self.denied:
+            return ""
+        if self._tasks.get("fence", node) is None:
+            if time.monotonic() < self._retry_at.get(node, (0.0, 0))[0]:
+                return ""
+            self._tasks.start("fence", node, self._fence_once(node, why))
+        return node
+
+    async def _fence_once(self, node: str, why: str) -> None:
         info = self._nodes.info(node)
         where = f"{info.ip} ({node[:12]})" if info else node[:12]
-        message = f"placectl fenced the node: {why}"
         try:
-            await self._io.fence(node, message)
+            if node in await self._io.dead_nodes([node]):
+                self._gone(node)  # Ray knows already: its node event follows
+                return
+            if node in await self._io.draining_nodes():
+                return  # Ray is taking it away; the drain watch moves its slots
+            await self._io.fence(node, f"placectl fenced the node: {why}")
+        except CallDenied as e:
+            self._refused_us(GCS, str(e))
+            return
         except Exception as e:
-            log.warning("could not fence node %s: %s", where, e)
-            return ""
+            failures = self._retry_at.get(node, (0.0, 0))[1] + 1
+            delay = min(_RETRY_FIRST * 2 ** (failures - 1), _RETRY_MOST)
+            self._retry_at[node] = (time.monotonic() + delay, failures)
+            self.fence_failures += 1
+            self._io.metrics.fence("failed")
+            log.warning(
+                "could not fence node %s (try %d, next in %.1fs): %s", where, failures, delay, e
+            )
+            return
         log.warning("node %s fenced: %s", where, why)
         self.fenced[node] = why
+        self._io.metrics.fence("fenced")
+        self._state.told(ev.fenced(node, info.ip if info else "", why))
+        self._gone(node)
+
+    def _gone(self, node: str) -> None:
         self._silent_since.pop(node, None)
         self._refused_at.pop(node, None)
+        self._retry_at.pop(node, None)
         self._nodes.died(node)
         with contextlib.suppress(Exception):
             self._on_fenced(node)
-        return node
+
+    def _refused_us(self, key: str, why: str) -> None:
+        """``key`` (a node, or the GCS) refused placectl's own calls: said once."""
+        if key in self.denied:
+            return
+        self.denied[key] = why
+        self._io.metrics.fence("denied")
+        what = (
+            "the GCS refuses placectl's fence"
+            if key == GCS
+            else f"node {key[:12]}'s raylet refuses placectl's health checks"
+        )
+        log.error(
+            "%s (%s): placectl's own fault detection is off there, Ray's health checks decide. "
+            "Its calls carry the cluster's token and TLS settings as Ray's clients do: check "
+            "them in the controller's environment",
+            what,
+            why,
+        )
+        self._state.told(ev.denied(key, why))

@@ -56,6 +56,12 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "Reservations moved off draining nodes before their deadline.",
     ),
     "placectl_preemptions": ("counter", ("queue",), "Reservations preempted."),
+    "placectl_fences": (
+        "counter",
+        ("outcome",),
+        "Fences of nodes whose raylet stopped answering: fenced, failed (tried again), "
+        "denied (placectl's calls refused: Ray's own health checks decide).",
+    ),
     "placectl_quota_limit": ("gauge", ("queue", "resource"), "A queue's quota."),
     "placectl_quota_used": (
         "gauge",
@@ -115,6 +121,9 @@ class RayMetrics:
             self._m["placectl_drain_moves"].inc(1, tags=queue)
         elif event.kind == ev.PREEMPTED:
             self._m["placectl_preemptions"].inc(1, tags=queue)
+
+    def fence(self, outcome: str) -> None:
+        self._m["placectl_fences"].inc(1, tags={"outcome": outcome})
 
     def queues(self, usage: list[QueueUsage]) -> None:
         seen, series = set(), set()

@@ -37,13 +37,27 @@ def fence_node(gcs_address: str, node_id: str, why: str, timeout: float = 10.0) 
     the node died. A raylet of a fenced node that comes back (``SIGCONT``, a healed
     partition) is told it is dead and exits, and its workers exit with it; it never
     gets its node id back. Idempotent: a node already dead is left as it is.
+
+    The call is secured as Ray secures its own (:mod:`controller.runtime.channels`).
+
+    Raises:
+        CallDenied: the GCS refused placectl (token, TLS): nothing was fenced.
+        grpc.RpcError: the call failed otherwise (the GCS away, the deadline passed).
     """
     import grpc
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
+    from controller.runtime.channels import CallDenied, denied, open_channel
+
     request = gcs_service_pb2.UnregisterNodeRequest(node_id=bytes.fromhex(node_id))
     request.node_death_info.reason = _UNEXPECTED_TERMINATION
     request.node_death_info.reason_message = why
-    with grpc.insecure_channel(gcs_address) as channel:
+    with open_channel(gcs_address) as channel:
         stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
-        stub.UnregisterNode(request, timeout=timeout)
+        try:
+            stub.UnregisterNode(request, timeout=timeout)
+        except grpc.RpcError as e:
+            refusal = denied(e)
+            if refusal is not None:
+                raise CallDenied(refusal) from None
+            raise

@@ -179,8 +179,10 @@ class RayClusterIO:
         )
         return {n: ms / 1000.0 for n, ms in draining.items()}  # Ray: 0 for no deadline
 
-    async def node_answers(self, addresses: dict[str, str], timeout: float) -> dict[str, str]:
-        return await asyncio.to_thread(answers.answers, addresses, timeout)
+    async def node_answers(
+        self, addresses: dict[str, str], timeout: float, why: dict[str, str] | None = None
+    ) -> dict[str, str]:
+        return await asyncio.to_thread(answers.answers, addresses, timeout, why)
 
     async def fence(self, node_id: str, why: str) -> None:
         gcs = ray.get_runtime_context().gcs_address

@@ -45,6 +45,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # before Ray's own health checks give up (15 s and more with Ray's defaults). Long
     # enough that a node loaded to its limit still answers once in between.
     fence_after: float = 5.0
+    # A caller that suspects a node (status, repair) waits for its fence at most this
+    # long: a fence takes milliseconds, but a GCS slow to answer must not hold the call
+    # (the fence goes on, and Ray's node event is acted on when it comes).
+    fence_wait: float = 2.0
     # A preemptible reservation taken back for one of higher priority keeps running this
     # long (its deadline, visible to its drivers and workers) before it is released.
     preempt_grace: float = 60.0
@@ -63,6 +67,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # How often the queue and quota gauges are computed (a pass over every record); Ray
     # exports metrics every few seconds anyway.
     metrics_period: float = 5.0
+    # The hooks tests use (``arm_fault``: crash at a named step) answer only here. A
+    # controller is started with them by placectl's test clusters (clients.testing sets
+    # PLACECTL_TEST_HOOKS=1 in every process of the cluster), never by an operator.
+    test_hooks: bool = False
 
 
 FAST = Settings(
@@ -82,6 +90,8 @@ FAST = Settings(
     liveness_timeout=0.01,
     refused_confirm=0.0,
     fence_after=0.05,
+    fence_wait=0.5,
     metrics_period=0.01,
+    test_hooks=True,
 )
 """Settings for unit tests on the fake cluster, where nothing takes real time."""

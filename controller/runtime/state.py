@@ -31,7 +31,7 @@ from controller.runtime.history import History
 from controller.runtime.io import Metrics
 from controller.runtime.store import Loaded, Store
 from controller.runtime.tasks import Tasks
-from controller.state.events import operator_set, quota_set
+from controller.state.events import Event, operator_set, quota_set
 from controller.state.published import Published
 from controller.state.records import STATES, ReservationRecord
 from controller.state.requests import check_job
@@ -120,6 +120,12 @@ class ReservationState:
         await self._store.write_operator(hashed)
         self._operator = hashed
         self._history.add(operator_set(hashed))
+        self._write_history_soon()
+
+    def told(self, event: Event) -> None:
+        """Something that happened beside any record (a node fenced, placectl's calls
+        refused): kept in the history with the rest."""
+        self._history.add(event)
         self._write_history_soon()
 
     async def set_quota(self, queue: str, limits: dict[str, float]) -> None:

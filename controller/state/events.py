@@ -28,6 +28,8 @@ RELEASING_EV = "releasing"
 RELEASED = "released"
 QUOTA = "quota"
 OPERATOR = "operator"
+FENCED = "fenced"  # a node placectl told Ray is dead
+DENIED = "denied"  # a node's raylet or the GCS refused placectl's own calls
 KINDS = (
     QUEUED_EV,
     ADMITTED,
@@ -41,6 +43,8 @@ KINDS = (
     RELEASED,
     QUOTA,
     OPERATOR,
+    FENCED,
+    DENIED,
 )
 
 # Causes of a degradation (and of the repair that ends it), from the one rule for broken
@@ -198,4 +202,41 @@ def operator_set(hashed: str, now: float | None = None) -> Event:
     )
 
 
-__all__ = ["CAUSES", "KINDS", "Event", "cause_of", "happened", "operator_set", "quota_set"]
+def fenced(node_id: str, ip: str, why: str, now: float | None = None) -> Event:
+    """The event of a node fenced: placectl told Ray it is dead, and why."""
+    where = f"{ip} ({node_id[:12]})" if ip else node_id[:12]
+    return Event(
+        job="",
+        kind=FENCED,
+        message=f"node {where} fenced: {why}",
+        at=time.time() if now is None else now,
+    )
+
+
+def denied(key: str, why: str, now: float | None = None) -> Event:
+    """The event of placectl's own calls refused by a node's raylet or by the GCS
+    (``key``: a node id or ``gcs``): its fault detection is off there."""
+    who = (
+        "the GCS refuses placectl's fence"
+        if key == "gcs"
+        else (f"node {key[:12]}'s raylet refuses placectl's health checks")
+    )
+    return Event(
+        job="",
+        kind=DENIED,
+        message=f"{who} ({why}); Ray's own health checks decide there",
+        at=time.time() if now is None else now,
+    )
+
+
+__all__ = [
+    "CAUSES",
+    "KINDS",
+    "Event",
+    "cause_of",
+    "denied",
+    "fenced",
+    "happened",
+    "operator_set",
+    "quota_set",
+]
