@@ -19,14 +19,16 @@ import contextlib
 import os
 import signal
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
 
-from controller.runtime.answers import OK, answers
+from controller.runtime.answers import DENIED, OK, answers
 
 ANSWER_TIMEOUT_S = 1.0
+_told_denied: set[str] = set()  # the refusals this process has reported already
 
 
 def _actor_entry(actor: Any) -> dict:
@@ -41,7 +43,9 @@ def actor_dead(actor: Any) -> bool:
 
 def unanswered(actors: Sequence[Any], timeout: float = ANSWER_TIMEOUT_S) -> list[int]:
     """The indices of ``actors`` whose process does not answer now (dead ones, and
-    missing ones, ``None``, included): one health check each, all at once."""
+    missing ones, ``None``, included): one health check each, all at once. A process
+    that refuses placectl's credentials is no suspect: that says nothing of whether it
+    runs (said once, as a warning); Ray's own verdict decides for it."""
     addresses: dict[str, str] = {}
     gone = []
     for i, actor in enumerate(actors):
@@ -51,8 +55,18 @@ def unanswered(actors: Sequence[Any], timeout: float = ANSWER_TIMEOUT_S) -> list
             gone.append(i)  # dead, restarting, or not started yet: no process to ask
             continue
         addresses[str(i)] = f"{address['IPAddress']}:{address['Port']}"
-    got = answers(addresses, timeout)
-    return sorted(gone + [int(i) for i, a in got.items() if a != OK])
+    why: dict[str, str] = {}
+    got = answers(addresses, timeout, why)
+    for reason in set(why.values()) - _told_denied:
+        _told_denied.add(reason)
+        warnings.warn(
+            f"a worker refuses placectl's health checks ({reason}): placectl cannot tell a "
+            "hung worker from a busy one there, and leaves the verdict to Ray. Its calls "
+            "carry the cluster's token and TLS settings as Ray's clients do: check them "
+            "in this process's environment",
+            stacklevel=2,
+        )
+    return sorted(gone + [int(i) for i, a in got.items() if a not in (OK, DENIED)])
 
 
 def judge(

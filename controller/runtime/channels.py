@@ -36,8 +36,10 @@ TEST_HOOKS = "PLACECTL_TEST_HOOKS"
 TEST_CALL_TOKEN = "PLACECTL_TEST_CALL_TOKEN"
 
 # What grpc says when the TLS handshake fails: the server refused who we are (or we
-# refused it), which tells nothing of whether it runs.
-_HANDSHAKE = ("handshake", "ssl", "tls", "certificate")
+# refused it), which tells nothing of whether it runs. A plaintext call to a TLS server
+# is "Socket closed": something listens, and closed the connection on us (a process
+# that is gone refuses the connection instead; a stopped one lets it time out).
+_HANDSHAKE = ("handshake", "ssl", "tls", "certificate", "socket closed")
 
 
 class CallDenied(RuntimeError):
@@ -78,7 +80,9 @@ _Details = collections.namedtuple("_Details", _FIELDS)
 
 
 def _with_token(address: str, token: str):
+    """The test hook's channel: secured as Ray's, but carrying ``token``."""
     import grpc
+    from ray._common.tls_utils import load_certs_from_env
 
     class _Bearer(grpc.UnaryUnaryClientInterceptor):
         def intercept_unary_unary(self, continuation, details, request):
@@ -86,4 +90,12 @@ def _with_token(address: str, token: str):
             fields["metadata"] = [*(details.metadata or []), ("authorization", f"Bearer {token}")]
             return continuation(_Details(**fields), request)
 
-    return grpc.intercept_channel(grpc.insecure_channel(address), _Bearer())
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        cert, key, ca = load_certs_from_env()
+        creds = grpc.ssl_channel_credentials(
+            certificate_chain=cert, private_key=key, root_certificates=ca
+        )
+        channel = grpc.secure_channel(address, creds)
+    else:
+        channel = grpc.insecure_channel(address)
+    return grpc.intercept_channel(channel, _Bearer())

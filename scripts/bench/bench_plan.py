@@ -176,7 +176,10 @@ def main() -> None:
             f"placectl @{nodes}",
         )
         if nodes <= args.baseline_max:
-            base = timed(lambda conf=conf: naive_plan(conf, 8), 1, results, f"naive @{nodes}")
+            # timed as placectl is: the median of the same number of runs
+            base = timed(
+                lambda conf=conf: naive_plan(conf, 8), args.repeat, results, f"naive @{nodes}"
+            )
             # same placements, so the comparison is of like with like
             naive = naive_plan(conf, 8)
             for name in cp.components:

@@ -5,11 +5,14 @@ worker group with one busy rank, a node killed without a word, ``repair()`` the 
 after, the reservation released with the CLI. Prints what Ray and the controller said,
 as JSON, on its last line.
 
+``--tls`` turns on Ray's mutual TLS as well, on certificates made here with Ray's own
+helper (``ray._common.tls_utils``, what Ray's own TLS tests use).
+
 ``--placectl-token wrong`` gives placectl's own calls alone (its health checks and its
 fence, through the test hook of :mod:`controller.runtime.channels`) a token the cluster
 does not accept, as a misconfigured controller would have.
 
-Usage: python tests/integration/secured_driver.py [--placectl-token right|wrong]
+Usage: python tests/integration/secured_driver.py [--tls] [--placectl-token right|wrong]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import pathlib
 import secrets
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -41,6 +45,24 @@ class Worker:
         return n
 
 
+def certificates(where: pathlib.Path) -> dict[str, str]:
+    """A self-signed certificate and key for every process of the local cluster, and
+    the variables that turn Ray's TLS on with them. Made in a process of its own: this
+    one must not import Ray before its variables are set."""
+    make = (
+        "import pathlib, sys; from ray._common.tls_utils import generate_self_signed_tls_certs; "
+        "c, k = generate_self_signed_tls_certs(); w = pathlib.Path(sys.argv[1]); "
+        "(w / 'server.crt').write_text(c); (w / 'server.key').write_text(k)"
+    )
+    subprocess.run([sys.executable, "-c", make, str(where)], check=True, timeout=120)
+    return {
+        "RAY_USE_TLS": "1",
+        "RAY_TLS_SERVER_CERT": str(where / "server.crt"),
+        "RAY_TLS_SERVER_KEY": str(where / "server.key"),
+        "RAY_TLS_CA_CERT": str(where / "server.crt"),
+    }
+
+
 def cli(address: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "clients.cli", *args, "--address", address],
@@ -54,9 +76,12 @@ def cli(address: str, *args: str) -> subprocess.CompletedProcess:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--placectl-token", choices=("right", "wrong"), default="right")
+    parser.add_argument("--tls", action="store_true")
     args = parser.parse_args()
     token = secrets.token_hex(16)
     env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    if args.tls:
+        env.update(certificates(pathlib.Path(tempfile.mkdtemp(prefix="placectl-tls-"))))
     if args.placectl_token == "wrong":
         env["PLACECTL_TEST_CALL_TOKEN"] = secrets.token_hex(16)
     os.environ.update(env)  # Ray reads its authentication mode once, at import

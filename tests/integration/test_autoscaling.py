@@ -19,6 +19,14 @@ def cluster():
     yield from local_cluster(gpu_nodes=0)
 
 
+# Between nodes joining and the reservation's groups placed on them (Ray reports the
+# demand's resources free, placectl plans and places), and between a lost node and its
+# replacement's groups, the nodes are idle for a moment: seconds on a loaded machine.
+# Ray's and KubeRay's idle timeouts are 60 s; a 3 s one took the nodes back in that
+# moment (two more launched) on CI. Every test here uses 15 s.
+IDLE_S = 15
+
+
 def spec() -> dict:
     return {"num_nodes": 3, "component_placement": {"actor": "0-7"}}
 
@@ -35,11 +43,7 @@ def demand_groups() -> dict:
 def test_a_reservation_on_a_cluster_with_no_gpu_node_gets_its_nodes_and_gives_them_back(
     cluster, ctl
 ):
-    # Between the nodes joining and the reservation's groups placed on them (Ray reports
-    # the demand's resources free, placectl plans and places) the nodes are idle for a
-    # moment: seconds on a loaded machine. Ray's and KubeRay's idle timeouts are 60 s; a
-    # 3 s one took the nodes back in that moment (two more launched) on CI.
-    with LocalAutoscaler(cluster, idle_timeout_s=15) as scaler:
+    with LocalAutoscaler(cluster, idle_timeout_s=IDLE_S) as scaler:
         res = ctl.reserve("grow", spec(), timeout_s=120)
         assert res.state == "ready"
         launched = set(scaler.settle())
@@ -56,7 +60,7 @@ def test_a_reservation_on_a_cluster_with_no_gpu_node_gets_its_nodes_and_gives_th
 
 def test_a_plain_placement_group_gets_its_nodes_from_the_same_autoscaler(cluster):
     """The baseline the reservation is measured against (scripts/bench/bench_autoscaling.py)."""
-    with LocalAutoscaler(cluster, idle_timeout_s=3) as scaler:
+    with LocalAutoscaler(cluster, idle_timeout_s=IDLE_S) as scaler:
         pg = placement_group([{"GPU": 1, "CPU": 1}] * 8, strategy="PACK")
         assert pg.wait(timeout_seconds=120)
         assert len(scaler.settle()) == 2
@@ -65,7 +69,7 @@ def test_a_plain_placement_group_gets_its_nodes_from_the_same_autoscaler(cluster
 
 
 def test_a_lost_node_without_a_spare_is_replaced_by_a_node_the_autoscaler_adds(cluster, ctl):
-    with LocalAutoscaler(cluster, idle_timeout_s=3) as scaler:
+    with LocalAutoscaler(cluster, idle_timeout_s=IDLE_S) as scaler:
         res = ctl.reserve("lose", spec(), timeout_s=120)
         group = clients.WorkerGroup.launch(res, "actor", Worker)
         first = set(scaler.settle())
@@ -85,7 +89,7 @@ def test_a_lost_node_without_a_spare_is_replaced_by_a_node_the_autoscaler_adds(c
 def test_an_evicted_node_without_a_spare_moves_to_a_new_node_before_it_goes(cluster, ctl):
     """A pod deleted or evicted: SIGTERM to its `ray start --block`, which has Ray drain
     the node for 30 s and stop it once nothing runs there."""
-    with LocalAutoscaler(cluster, idle_timeout_s=3) as scaler:
+    with LocalAutoscaler(cluster, idle_timeout_s=IDLE_S) as scaler:
         res = ctl.reserve("drain", spec(), timeout_s=120)
         group = clients.WorkerGroup.launch(res, "actor", Worker)
         first = set(scaler.settle())

@@ -196,7 +196,7 @@ def test_unsatisfiable_reservation_times_out_with_diagnosis_and_leaves_nothing(c
     with pytest.raises(ReservationTimeout) as info:
         ctl.reserve("starved", one_node("4-5"), timeout_s=3, progress=progress.append)
     elapsed = time.monotonic() - started
-    assert elapsed < 3 + 5
+    assert elapsed < 3 + 15  # its timeout, and the rollback (seconds on a loaded machine)
     message = str(info.value)
     assert "1 of 1 node slots unplaced" in message and "needs CPU 2, GPU 2" in message
     assert "free CPU 0, GPU 0" in message

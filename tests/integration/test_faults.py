@@ -80,7 +80,7 @@ def test_node_loss_replaces_only_the_lost_slot(cluster, ctl):
     cluster.remove_node(node_of(cluster, lost), allow_graceful=False)
     info = wait_for(lambda: (i := ctl.status("lossy")).epoch == 2 and i.state == "ready" and i)
     took = time.monotonic() - started
-    assert took < 15, took
+    assert took < 15, took  # the fence and a move: 2-3 s; Ray's detection alone 16 s and more
     after = {s.node_rank: s for s in info.slots}
     assert after[kept.node_rank] == kept  # untouched: same node, group, ids
     moved = next(s for s in info.slots if s.node_rank != kept.node_rank)
@@ -117,8 +117,9 @@ def test_without_a_spare_it_stays_degraded_until_a_node_joins(cluster, ctl):
     victim = ctl.status("nospare").slots[1].node_id
     cluster.remove_node(node_of(cluster, victim), allow_graceful=False)
     started = time.monotonic()
-    info = wait_for(lambda: (i := ctl.status("nospare")).state == "degraded" and i, timeout=10)
-    assert time.monotonic() - started < 5
+    info = wait_for(lambda: (i := ctl.status("nospare")).state == "degraded" and i, timeout=30)
+    # placectl's fence, not Ray's own detection (15 s and more): 1-2 s, 10 on a loaded machine
+    assert time.monotonic() - started < 10
     wait_for(lambda: "no spare node" in ctl.status("nospare").reason, timeout=10)
     time.sleep(2)
     assert ctl.status("nospare").state == "degraded"

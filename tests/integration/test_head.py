@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import ray
@@ -45,8 +46,12 @@ def add_spare(c: FaultTolerantCluster) -> None:
     c.wait_for_nodes()
 
 
-def remove(c: FaultTolerantCluster, node_id: str) -> None:
-    c.remove_node(next(n for n in c.worker_nodes if n.node_id == node_id))
+def remove(c: FaultTolerantCluster, node_id: str, abrupt: bool = False) -> None:
+    """The node leaves: politely (its raylet unregisters itself, as at a scale-down), or
+    abruptly (every process killed, nobody told)."""
+    c.remove_node(
+        next(n for n in c.worker_nodes if n.node_id == node_id), allow_graceful=not abrupt
+    )
 
 
 class Worker:
@@ -100,16 +105,27 @@ def healthy(ctl, incarnation: str | None = None):
     return wait_for(check, timeout=120)
 
 
-def lose_a_node_and_repair(c, ctl, res, group) -> None:
-    """A node lost after the restart is repaired as before: exactly its ranks relaunched,
-    the others untouched, every worker where the reservation says."""
+# repair() after a node loss that follows a GCS restart, from the removal: as fast as
+# without the restart. Measured on 2 cores: 3.1-3.4 s alone, 4.2 s inside the suite,
+# nearly all of it the four relaunched workers starting (the slot is repaired 0.2 s
+# after the removal). A fence sent to a node Ray was already removing used to stall the
+# GCS's update of it for 10 s: 11.7 s (6 runs of 6). The bound sits between the two.
+REPAIR_AFTER_RESTART_S = 8.0
+
+
+def lose_a_node_and_repair(c, ctl, res, group, abrupt: bool = False) -> None:
+    """A node lost after the restart is repaired as before, and as fast: exactly its
+    ranks relaunched, the others untouched, every worker where the reservation says."""
     before = res.assignments("actor")
     ids = [w[0] for w in group.execute("where")]
     lost = before[0].placement.node_id
     doomed = [r for r, a in enumerate(before) if a.placement.node_id == lost]
     epoch = res.epoch
-    remove(c, lost)
+    started = time.monotonic()
+    remove(c, lost, abrupt)
     assert group.repair(timeout=120) == doomed
+    took = time.monotonic() - started
+    assert took < REPAIR_AFTER_RESTART_S, f"repair() took {took:.1f}s after the removal"
     assert res.epoch > epoch and res.state == "ready"
     seen = group.execute("where")
     fresh = res.assignments("actor")
@@ -226,7 +242,7 @@ def test_a_whole_head_restart_keeps_everything(cluster):
         [a.placement.node_id, a.placement_group_id, a.env["RANK"]] for a in before["rollout"]
     ]
     group = clients.WorkerGroup.attach(res, "actor", Worker)
-    lose_a_node_and_repair(cluster, ctl, res, group)
+    lose_a_node_and_repair(cluster, ctl, res, group, abrupt=True)
 
 
 def test_a_node_lost_while_the_head_is_down_is_repaired_when_it_returns(cluster):

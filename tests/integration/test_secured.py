@@ -1,4 +1,5 @@
-"""placectl on a cluster with Ray's token authentication on (``RAY_AUTH_MODE=token``).
+"""placectl on a cluster with Ray's token authentication on (``RAY_AUTH_MODE=token``),
+and with Ray's mutual TLS on top (``RAY_USE_TLS=1``, certificates made by the test).
 
 Each run is a process of its own (``secured_driver.py``): Ray reads its authentication
 mode once per process. Verdicts are Ray's: its node table says the lost node is dead,
@@ -33,9 +34,9 @@ def run(*args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def secured() -> dict:
-    return run()
+@pytest.fixture(scope="module", params=["token", "token+tls"])
+def secured(request) -> dict:
+    return run(*(["--tls"] if "tls" in request.param else []))
 
 
 def test_the_cli_and_a_client_reserve_attach_and_release_with_the_token(secured):
@@ -60,7 +61,9 @@ def test_a_busy_worker_is_kept(secured):
 
 
 def test_calls_refused_for_placectl_fence_nothing_and_leave_the_verdict_to_ray():
-    wrong = run("--placectl-token", "wrong")
+    # With TLS on too: the health checks of raylets and workers pass the handshake (an
+    # insecure channel would fail it, and every busy rank would look hung).
+    wrong = run("--tls", "--placectl-token", "wrong")
     assert wrong["fenced"] == []  # placectl fenced nothing: Ray found the node dead
     assert "UNAUTHENTICATED" in wrong["denied"]["gcs"]
     assert wrong["events"].count("denied") == 1  # said once, in the history

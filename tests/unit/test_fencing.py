@@ -167,3 +167,36 @@ def test_the_test_hook_answers_only_a_controller_started_for_tests():
         await testing.stop()
 
     run(go())
+
+
+class _RpcError(Exception):
+    def __init__(self, code, details):
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+
+@pytest.mark.parametrize(
+    ("code", "details", "refused_us"),
+    [
+        ("UNAUTHENTICATED", "InvalidAuthToken: Authentication token is missing", True),
+        ("PERMISSION_DENIED", "not allowed", True),
+        ("UNAVAILABLE", "ipv4:10.0.0.1:4000: Ssl handshake failed: SSL_ERROR_SSL", True),
+        ("UNAVAILABLE", "failed to connect to all addresses; ...: Socket closed", True),
+        ("UNAVAILABLE", "failed to connect to all addresses; ...: Connection refused", False),
+        ("DEADLINE_EXCEEDED", "Deadline Exceeded", False),
+    ],
+)
+def test_a_refusal_of_placectl_is_told_apart_from_a_dead_or_silent_process(
+    code, details, refused_us
+):
+    import grpc
+
+    from controller.runtime.channels import denied
+
+    got = denied(_RpcError(getattr(grpc.StatusCode, code), details))
+    assert (got is not None) == refused_us, got

@@ -39,14 +39,16 @@ def test_a_crashed_node_is_fenced_and_its_slot_replaced_while_ray_calls_it_alive
 def test_a_hung_node_is_fenced_only_after_it_stays_silent():
     async def go():
         fake = cluster(gpu_nodes=3)
-        settings = msgspec.structs.replace(FAST, fence_after=0.5)
+        # fence_after is ten times the wait below: a loaded machine that stalls the loop
+        # for a second still sees the node silent for less than fence_after.
+        settings = msgspec.structs.replace(FAST, fence_after=2.0)
         ctl = await _reserved(fake, settings)
         hung = stored(fake, "j").slots[1].node_id
         fake.crash_node(hung, "silent")
         await asyncio.sleep(0.2)  # silent for less than fence_after: still its slot
         assert hung not in fake.fenced and stored(fake, "j").epoch == 1
         assert await ctl.suspects("j") == [hung]
-        await until(lambda: stored(fake, "j").epoch == 2, timeout=5)
+        await until(lambda: stored(fake, "j").epoch == 2, timeout=15)
         assert "has not answered" in fake.fenced[hung]
         fake.crash_node(hung, "ok")  # back from the dead: it stays fenced, gets nothing
         await asyncio.sleep(0.1)
@@ -59,7 +61,9 @@ def test_a_hung_node_is_fenced_only_after_it_stays_silent():
 def test_a_node_that_answers_again_before_the_verdict_keeps_its_slot():
     async def go():
         fake = cluster(gpu_nodes=3)
-        settings = msgspec.structs.replace(FAST, fence_after=0.3)
+        # Each silence is a tenth of fence_after: a loop stalled for a second on a loaded
+        # machine does not turn one into a verdict.
+        settings = msgspec.structs.replace(FAST, fence_after=1.5)
         ctl = await _reserved(fake, settings)
         slow = stored(fake, "j").slots[0].node_id
         for _ in range(5):  # silent for 0.15 s at a time, answering in between
@@ -155,13 +159,15 @@ def test_callers_who_suspect_a_node_at_once_fence_it_once():
 def test_an_old_doubt_about_a_released_node_does_not_fence_it_later():
     async def go():
         fake = cluster(gpu_nodes=2)
-        settings = msgspec.structs.replace(FAST, fence_after=0.4)
+        # fence_after well above the short silences below, which a loaded machine may
+        # stretch by a second; the wait after the release is longer than it.
+        settings = msgspec.structs.replace(FAST, fence_after=1.5)
         ctl = await _reserved(fake, settings)
         node = stored(fake, "j").slots[0].node_id
         fake.crash_node(node, "silent")  # a doubt, not yet a verdict
         await asyncio.sleep(0.1)
         await ctl.release("j")
-        await asyncio.sleep(0.4)  # long enough that the old doubt would be a verdict
+        await asyncio.sleep(1.6)  # long enough that the old doubt would be a verdict
         fake.crash_node(node, "ok")
         await ctl.reserve("j", spec("0-7", num_nodes=3))
         assert node in {s.node_id for s in stored(fake, "j").slots}
