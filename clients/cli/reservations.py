@@ -44,6 +44,21 @@ def _dry_run_view(spec, nodes, gpus_per_node) -> ClusterView:
     return ClusterView.uniform(num_nodes=nodes, gpus_per_node=gpus_per_node)
 
 
+def _warn_idle_head(cp: ComponentPlacement, view: ClusterView) -> None:
+    """Say when the plan counts a head without accelerators that none of its processes
+    uses: a user who copied a framework's count of GPU nodes is one node short."""
+    heads = [r for r, n in enumerate(view.nodes) if n.is_head and n.num_gpus == 0]
+    used = {p.node_rank for c in cp.components for p in cp.placements(c)}
+    for rank in heads:
+        if rank not in used:
+            click.echo(
+                f"note: node rank {rank} is the Ray head, which has no accelerators and gets "
+                f"no process here; num_nodes counts it ({len(view.nodes)} nodes, "
+                f"{len(view.nodes) - 1} of them others)",
+                err=True,
+            )
+
+
 def _resized(running: ClusterView, nodes: int) -> ClusterView:
     """``--nodes N`` on the running cluster's shape: its first N nodes, or all of them
     and more shaped like its last one; says which on stderr."""
@@ -97,6 +112,7 @@ def plan(config, nodes, gpus_per_node, cluster_file, output, as_json) -> None:
     else:
         view = _dry_run_view(spec, nodes, gpus_per_node)
     cp = ComponentPlacement(spec, view)
+    _warn_idle_head(cp, view)
 
     def table() -> str:
         from clients.render import render_plan

@@ -296,3 +296,20 @@ def test_watch_redraws_a_terminal_and_appends_when_piped(monkeypatch, capsys):
     frames = iter(['{"a": 1}', '{"a": 2}'])
     app.watch(show, 1.0, "json")
     assert capsys.readouterr().out.splitlines() == ['{"a": 1}', '{"a": 2}']  # one per line
+
+
+def test_plan_says_when_num_nodes_counts_a_head_no_process_uses(capsys, tmp_path):
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text("- {num_gpus: 0, is_head: true}\n- {num_gpus: 4, count: 2}\n")
+    conf = tmp_path / "conf.yaml"
+    conf.write_text("cluster:\n  num_nodes: 3\n  component_placement:\n    actor: 0-7\n")
+    code, _, err = run(capsys, "plan", str(conf), "--cluster", str(nodes))
+    assert code == 0, err
+    assert "node rank 0 is the Ray head" in err and "num_nodes counts it" in err
+    conf.write_text(
+        "cluster:\n  num_nodes: 3\n  component_placement:\n    actor: 0-7\n"
+        "    reward: {node_group: node, placement: '0'}\n"
+    )
+    code, _, err = run(capsys, "plan", str(conf), "--cluster", str(nodes))
+    assert code == 0, err
+    assert "Ray head" not in err  # the reward process uses the head
