@@ -123,15 +123,16 @@ class Checker:
             if res is None or not res.settled:
                 return
             found = list(groups.broken_slots(res, table, self._nodes).values())
-            state, reason = (DEGRADED, "; ".join(found)) if found else (READY, "")
+            state, reason = (DEGRADED, "; ".join(b.why for b in found)) if found else (READY, "")
+            cause = found[0].cause if found else ""
             if state == res.state == DEGRADED:
                 return  # while degraded, the repair owns the reason
             if state == DEGRADED and res.repair == MANUAL:
                 reason += f"; repair policy is manual: run `placectl repair {job}`"
-            if (state, reason) == (res.state, res.reason):
+            if (state, reason, cause) == (res.state, res.reason, res.cause):
                 return
             try:
-                await self._records.judged(res, state, reason)
+                await self._records.judged(res, state, reason, cause)
             except Exception as e:
                 self.recheck(job)  # memory is unchanged: try again next tick
                 log.warning("could not record that %r is %s: %s", job, state, e)

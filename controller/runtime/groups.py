@@ -18,6 +18,7 @@ from controller.runtime.demand import Demand
 from controller.runtime.io import CREATED, REMOVED, ClusterIO, GroupInfo
 from controller.runtime.nodes import ClusterNodes
 from controller.state import fit
+from controller.state.causes import GROUP_REMOVED, GROUP_UNPLACED, NODE_LOST, Broken
 from controller.state.demand import for_missing_nodes
 from controller.state.records import ReservationRecord, SlotRecord
 
@@ -263,21 +264,22 @@ async def probe(
 
 def broken_slots(
     res: ReservationRecord, groups: dict[str, GroupInfo], alive: Container[str]
-) -> dict[int, str]:
-    """The one rule for which slots of a settled reservation are broken, each with why
-    (empty when all is well): its node is not in ``alive`` (the alive node ids), or Ray
-    does not report its group ``CREATED`` (``groups``: Ray's entries of its groups). A
-    check records the reasons; a repair replaces exactly these slots."""
+) -> dict[int, Broken]:
+    """The one rule for which slots of a settled reservation are broken, each with its
+    cause and why (empty when all is well): its node is not in ``alive`` (the alive node
+    ids), or Ray does not report its group ``CREATED`` (``groups``: Ray's entries of its
+    groups). A check records the causes; a repair replaces exactly these slots."""
     found = {}
     for i, slot in enumerate(res.slots):
         where = f"slot {i} (node rank {slot.node_rank}, {slot.node_ip})"
         info = groups.get(slot.group_id)
         if slot.node_id not in alive:
-            found[i] = f"{where}: node {slot.node_id[:12]} is dead"
+            found[i] = Broken(NODE_LOST, f"{where}: node {slot.node_id[:12]} is dead")
         elif info is None or info.state == REMOVED:
-            found[i] = f"{where}: placement group {slot.group_id} was removed"
+            why = f"{where}: placement group {slot.group_id} was removed"
+            found[i] = Broken(GROUP_REMOVED, why)
         elif info.state != CREATED:
-            found[i] = f"{where}: placement group is {info.state}"
+            found[i] = Broken(GROUP_UNPLACED, f"{where}: placement group is {info.state}")
     return found
 
 

@@ -17,7 +17,7 @@ import msgspec
 from controller.runtime.state import ReservationState
 from controller.state.ports import PortLease
 from controller.state.published import Published
-from controller.state.records import READY, RELEASING, Applying, ReservationRecord
+from controller.state.records import DEGRADED, READY, RELEASING, Applying, ReservationRecord
 from controller.state.table import StoredPlan
 
 _replace = msgspec.structs.replace
@@ -54,6 +54,7 @@ class Transitions:
     ) -> ReservationRecord:
         """``record`` (placed, repaired, moved or applied) with its assignments
         published, replacing ``base``."""
+        record = _settled(record)
         await self._state.commit(record, base=base, plan=plan, published=published)
         return record
 
@@ -61,9 +62,12 @@ class Transitions:
         """Every slot is where Ray says it is."""
         return await self._commit(_replace(base, state=READY, reason=reason), base)
 
-    async def judged(self, base: ReservationRecord, state: str, reason: str) -> ReservationRecord:
-        """A check's verdict: ready, or degraded and why."""
-        return await self._commit(_replace(base, state=state, reason=reason), base)
+    async def judged(
+        self, base: ReservationRecord, state: str, reason: str, cause: str = ""
+    ) -> ReservationRecord:
+        """A check's verdict: ready, or degraded, why (for people) and its cause (one of
+        :data:`controller.state.causes.CAUSES`)."""
+        return await self._commit(_replace(base, state=state, reason=reason, cause=cause), base)
 
     async def explained(self, base: ReservationRecord, reason: str) -> ReservationRecord:
         """Why it stays as it is (a repair that found no room, a queue entry put back, a
@@ -103,8 +107,16 @@ class Transitions:
     async def _commit(
         self, record: ReservationRecord, base: ReservationRecord
     ) -> ReservationRecord:
+        record = _settled(record)
         await self._state.commit(record, base=base)
         return record
+
+
+def _settled(record: ReservationRecord) -> ReservationRecord:
+    """A record carries a cause only while it is degraded."""
+    if record.cause and record.state != DEGRADED:
+        return _replace(record, cause="")
+    return record
 
 
 __all__ = ["Transitions"]

@@ -13,6 +13,15 @@ import time
 
 import msgspec
 
+from controller.state.causes import (  # noqa: F401  (re-exported: the events' causes)
+    CAUSES,
+    DRAIN,
+    GROUP_REMOVED,
+    GROUP_UNPLACED,
+    NODE_LOST,
+    OTHER,
+    legacy_cause,
+)
 from controller.state.records import DEGRADED, PENDING, QUEUED, READY, RELEASING, ReservationRecord
 
 # Kinds, in the order a reservation meets them.
@@ -47,14 +56,8 @@ KINDS = (
     DENIED,
 )
 
-# Causes of a degradation (and of the repair that ends it), from the one rule for broken
-# slots (:func:`controller.runtime.groups.broken_slots`) and the drain watch.
-NODE_LOST = "node-lost"
-GROUP_REMOVED = "group-removed"
-GROUP_UNPLACED = "group-unplaced"
-DRAIN = "drain"
-OTHER = "other"
-CAUSES = (NODE_LOST, GROUP_REMOVED, GROUP_UNPLACED, DRAIN, OTHER)
+# Causes of a degradation (and of the repair that ends it): data, named where the break
+# is found (controller.state.causes).
 
 CONTROLLER = "controller"  # who acted when no client did (the control loop)
 
@@ -89,15 +92,10 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float = 0.0
 
 
-def cause_of(reason: str) -> str:
-    """The cause a degraded reservation's reason names (see :data:`CAUSES`)."""
-    if " is dead" in reason:
-        return NODE_LOST
-    if " was removed" in reason:
-        return GROUP_REMOVED
-    if "placement group is " in reason:
-        return GROUP_UNPLACED
-    return OTHER
+def cause_of(record: ReservationRecord) -> str:
+    """Why ``record`` is degraded (one of :data:`CAUSES`): the cause it carries, or, for
+    a record written before causes were kept, the one its reason names."""
+    return record.cause or legacy_cause(record.reason)
 
 
 def _where(record: ReservationRecord) -> str:
@@ -145,7 +143,7 @@ def happened(
     if new.state == READY and was in (None, QUEUED, PENDING):
         out.append(Event(kind=RESERVED, message=f"reserved: {_where(new)}", **base))
     if new.state == DEGRADED and was != DEGRADED:
-        cause = cause_of(new.reason)
+        cause = cause_of(new)
         what = f"degraded: {new.reason}" if new.reason else "degraded"
         out.append(Event(kind=DEGRADED_EV, message=what, cause=cause, **base))
     if old is not None and was == DEGRADED and new.state == READY:
@@ -156,7 +154,7 @@ def happened(
             if moved
             else "ready again: Ray reports every group placed"
         )
-        cause = cause_of(old.reason)
+        cause = cause_of(old)
         out.append(Event(kind=REPAIRED, message=what, cause=cause, seconds=took, **base))
     if old is not None and was == READY == new.state and len(new.leaving) > len(old.leaving):
         gone = {x.node_id[:12] for x in old.leaving}

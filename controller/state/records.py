@@ -21,6 +21,7 @@ import msgspec
 from controller.planning.cluster import NodeView
 from controller.planning.node_groups import ACCELERATOR
 from controller.planning.spec import ClusterSpec
+from controller.state.causes import NODE_LOST
 from controller.state.ports import MASTER, PortLease
 
 SCHEMA_VERSION = 3
@@ -128,6 +129,8 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
             ``apply`` grew it).
         world_sizes: processes per component, in configuration order.
         state, reason: queued | pending | ready | degraded | releasing, and why.
+        cause: why it is degraded, as data (:mod:`controller.state.causes`); kept while
+            it is degraded, whatever its reason says as a repair goes on.
         repair: ``auto`` (replace lost slots at once) or ``manual`` (wait for
             ``repair(job)``).
         leases: master ports first, then ports leased on request.
@@ -157,6 +160,7 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
     world_sizes: dict[str, int] = {}
     state: str = PENDING
     reason: str = ""
+    cause: str = ""  # why it is degraded (controller.state.causes); "" when it is not
     repair: str = AUTO
     created_at: float = 0.0
     leases: list[PortLease] = []
@@ -206,4 +210,5 @@ def with_dead_nodes(record: ReservationRecord, dead: set[str]) -> ReservationRec
         record,
         state=DEGRADED,
         reason=f"Ray reports node {named} dead; its slot is not replaced yet",
+        cause=NODE_LOST,
     )

@@ -77,6 +77,30 @@ def test_a_group_removed_behind_the_controller_s_back_is_told_as_such():
     run(go())
 
 
+def test_the_cause_is_kept_while_the_reason_changes_during_a_long_repair():
+    """A lost node without a spare: the repair rewrites the reason ("no spare node") for
+    as long as it waits; the cause stays the node loss, and the repair is told as one
+    (it was read back out of the last reason, and came out "other")."""
+
+    async def go():
+        fake = cluster(gpu_nodes=2)  # both GPU nodes held: no spare
+        ctl = await controller(fake)
+        await ctl.reserve("j", spec("0-7", num_nodes=3), 5)
+        fake.kill_node(stored(fake, "j").slots[0].node_id)
+        waiting = await until(lambda: "spare" in (r := stored(fake, "j")).reason and r)
+        assert waiting.state == "degraded" and waiting.cause == "node-lost"
+        assert " is dead" not in waiting.reason  # the words no longer name the cause
+        fake.add_node(num_gpus=4, num_cpus=4)
+        back = await until(lambda: (r := stored(fake, "j")).state == "ready" and r, timeout=10)
+        assert back.cause == ""
+        await until(lambda: "repaired" in [e.kind for e in fake.metrics.events])
+        told = {e.kind: e for e in events(await ctl.events("j"))}
+        assert told["degraded"].cause == told["repaired"].cause == "node-lost"
+        await ctl.stop()
+
+    run(go())
+
+
 def test_queued_admitted_preempted_and_applied_are_told():
     async def go():
         fake = cluster(gpu_nodes=1)
