@@ -63,16 +63,6 @@ def certificates(where: pathlib.Path) -> dict[str, str]:
     }
 
 
-def cli(address: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "clients.cli", *args, "--address", address],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--placectl-token", choices=("right", "wrong"), default="right")
@@ -90,6 +80,7 @@ def main() -> None:
     import clients
     from clients.testing import machines
     from clients.testing.local import local_cluster
+    from tests.integration.conftest import placectl_cli as cli
 
     out: dict = {}
     with local_cluster(4, gpus=4, env=env) as (cluster, nodes):

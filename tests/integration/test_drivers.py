@@ -155,20 +155,24 @@ def test_a_process_started_from_its_assignment_alone_reads_itself_back(cluster):
         second.stop()
 
 
+def plan_on(cluster, config, *args: str) -> subprocess.CompletedProcess:
+    """`placectl plan CONFIG ARGS` on a machine of the running ``cluster``."""
+    return subprocess.run(
+        [sys.executable, "-m", "clients.cli", "plan", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAY_ADDRESS": cluster.address},
+        check=False,
+    )
+
+
 def test_plan_without_gpus_per_node_plans_on_the_running_cluster(cluster, tmp_path):
     """`placectl plan CONFIG` on a machine of a running cluster takes the nodes Ray
     reports (it failed with an ImportError once a helper moved)."""
     config = tmp_path / "conf.yaml"
     config.write_text("cluster:\n  num_nodes: 3\n  component_placement:\n    actor: 0-7\n")
-    env = {**os.environ, "RAY_ADDRESS": cluster.address}
-    done = subprocess.run(
-        [sys.executable, "-m", "clients.cli", "plan", str(config), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    done = plan_on(cluster, config, "--json")
     assert done.returncode == 0, done.stderr
     placed = json.loads(done.stdout)["components"]["actor"]
     gpus = {n["NodeID"]: n["Resources"].get("GPU", 0) for n in ray.nodes() if n["Alive"]}
@@ -184,15 +188,7 @@ def test_plan_with_nodes_plans_for_that_many_whatever_cluster_is_up(cluster, tmp
     the plan (it used to take the running cluster whole and refuse)."""
     config = tmp_path / "conf.yaml"
     config.write_text("cluster:\n  num_nodes: 5\n  component_placement:\n    actor: 0-15\n")
-    env = {**os.environ, "RAY_ADDRESS": cluster.address}
-    done = subprocess.run(
-        [sys.executable, "-m", "clients.cli", "plan", str(config), "--nodes", "5", "-o", "json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    done = plan_on(cluster, config, "--nodes", "5", "-o", "json")
     assert done.returncode == 0, done.stderr
     placed = json.loads(done.stdout)["components"]["actor"]
     alive = [n for n in ray.nodes() if n["Alive"]]
