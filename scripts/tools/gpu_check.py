@@ -13,9 +13,17 @@ code does:
    names (probed with nvidia-smi when the reservation was made);
 4. checks that the colocated processes share one device: the same UUID, and memory one
    of them allocates is missing from what another sees free;
-5. passes a CUDA IPC handle from the actor to the rollout process and reads the tensor.
+5. passes a CUDA IPC handle from the actor to the rollout process and reads the tensor;
+6. forms a torch NCCL process group from the environment alone (``env://``) and
+   all-reduces on the device;
+7. has the engine rank start two plain OS processes that hold device memory, as SGLang's
+   and vLLM's servers start theirs (one in the rank's session, one in a session of its
+   own), kills the rank with ``SIGKILL`` as the OOM killer does, reads from the OS and
+   from ``nvidia-smi`` which of them still hold the device, and has ``repair()`` relaunch
+   the engine on the same device.
 
-Prints PASS or FAIL per check; exits 1 on any FAIL. On a machine without an NVIDIA GPU
+Prints PASS or FAIL per check (INFO for what is measured, not promised); exits 1 on any
+FAIL. On a machine without an NVIDIA GPU
 it says so and checks nothing (exit 0).
 """
 
@@ -24,12 +32,20 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 MIB = 1 << 20
+# A process that holds device memory until it is killed, as an engine's server does.
+HOLDER = (
+    "import os, time, torch; torch.cuda.set_device(int(os.environ['LOCAL_RANK'])); "
+    "x = torch.empty(512 << 20, dtype=torch.uint8, device='cuda'); x.fill_(3); "
+    "torch.cuda.synchronize(); print('holding', flush=True); time.sleep(3600)"
+)
 
 
 def no_gpu_reason() -> str | None:
@@ -87,7 +103,34 @@ class Probe:
             "uuid": str(props.uuid),
             "free": free,
             "allocated": int(self.block.numel()),
+            "pid": os.getpid(),
         }
+
+    def pid(self):
+        return os.getpid()
+
+    def nccl_all_reduce(self):
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl")  # env://: RANK, WORLD_SIZE, MASTER_ADDR/PORT
+        try:
+            value = torch.full((1,), float(dist.get_rank() + 1), device="cuda")
+            dist.all_reduce(value)
+            torch.cuda.synchronize()
+            return float(value.item()), dist.get_world_size()
+        finally:
+            dist.destroy_process_group()
+
+    def start_holder(self, own_session: bool):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, start_new_session=own_session
+        )
+        line = proc.stdout.readline().decode().strip()
+        if line != "holding":
+            raise RuntimeError(f"holder exited before holding memory: {proc.wait()}")
+        self.holders = [*getattr(self, "holders", []), proc]
+        return proc.pid
 
     def free_memory(self):
         import torch
@@ -125,6 +168,31 @@ class Probe:
         return ray.get(child.report.remote())
 
 
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie, read from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def gpu_pids() -> dict[int, int] | None:
+    """pid -> MiB of every process nvidia-smi says holds device memory (None: unreadable)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [line.split(",") for line in out.splitlines() if line.strip()]
+    return {int(pid): int(mib) for pid, mib in rows}
+
+
 def same_uuid(torch_uuid: str, smi_uuid: str) -> bool:
     return torch_uuid.removeprefix("GPU-").lower() == smi_uuid.removeprefix("GPU-").lower()
 
@@ -155,6 +223,9 @@ def main() -> int:
         print(
             f"{'PASS' if ok else 'FAIL'}  {name}" + (f"  ({detail})" if detail else ""), flush=True
         )
+
+    def info(name: str, detail: str) -> None:
+        print(f"INFO  {name}  ({detail})", flush=True)
 
     groups = {c: clients.WorkerGroup.launch(res, c, Probe) for c in ("actor", "rollout", "engine")}
     try:
@@ -190,6 +261,13 @@ def main() -> int:
         reduced = groups["actor"].execute("share")[0]
         total = groups["rollout"].execute("open", reduced)[0]
         check("CUDA IPC handle from actor to rollout", total == sum(range(1024)), f"sum {total}")
+        summed, world = groups["actor"].execute("nccl_all_reduce")[0]
+        check(
+            "NCCL process group from the environment alone",
+            summed == world * (world + 1) / 2,
+            f"all_reduce {summed} over world size {world}",
+        )
+        left_behind(groups["engine"], reports, expected[0], check, info)
     finally:
         for g in groups.values():
             g.shutdown()
@@ -197,6 +275,54 @@ def main() -> int:
     failed = [n for n, ok, _ in results if not ok]
     print(f"gpu_check: {len(results) - len(failed)} of {len(results)} checks passed")
     return 1 if failed else 0
+
+
+def left_behind(engine, reports, uuid: str, check, info) -> None:
+    """SIGKILL the engine rank; which of its processes still hold the device; repair()."""
+    child_actor = reports["engine child"]["pid"]
+    holders = {
+        "child in the rank's session": engine.execute("start_holder", False)[0],
+        "child in a session of its own": engine.execute("start_holder", True)[0],
+    }
+    held = gpu_pids()
+    if held is None:
+        info("nvidia-smi --query-compute-apps", "unreadable here; the process table alone")
+    else:
+        listed = sorted(pid for pid in holders.values() if pid in held)
+        info("holders nvidia-smi lists", f"{listed} of {sorted(holders.values())}")
+    rank = engine.execute("pid")[0]
+    os.kill(rank, signal.SIGKILL)
+    killed = time.monotonic()
+    watched = {"child actor (Ray's, owned by the rank)": child_actor, **holders}
+    gone: dict[str, float] = {}
+    while time.monotonic() - killed < 30 and len(gone) < len(watched):
+        for name, pid in watched.items():
+            if name not in gone and not alive(pid):
+                gone[name] = time.monotonic() - killed
+        time.sleep(0.1)
+    still = gpu_pids() or {}
+    for name, pid in watched.items():
+        detail = (
+            f"ended {gone[name]:.1f} s after the rank's SIGKILL"
+            if name in gone
+            else f"alive 30 s after the rank's SIGKILL, holding {still.get(pid, '?')} MiB"
+        )
+        if name == "child in a session of its own":
+            info(f"engine {name} (pid {pid})", detail)  # Ray ends the process group only
+        else:
+            check(f"engine {name} (pid {pid}) ends with the rank", name in gone, detail)
+    for pid in holders.values():
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    started = time.monotonic()
+    relaunched = engine.repair(timeout=120)
+    again = engine.execute("report")[0]
+    check(
+        "repair() relaunches the engine on the same device",
+        relaunched == [0] and not again["error"] and same_uuid(again["uuid"], uuid),
+        f"relaunched {relaunched} in {time.monotonic() - started:.1f} s, "
+        f"{again['error'] or again['uuid']}",
+    )
 
 
 if __name__ == "__main__":
