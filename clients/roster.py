@@ -1,6 +1,6 @@
 """The running workers of one group, rank by rank: each rank's actor, the name a detached
-one is registered under, the assignment it was started with, and the replacements
-started beside it ahead of a move (make before break)."""
+one is registered under, the tag its processes carry, the assignment it was started
+with, and the replacements started beside it ahead of a move (make before break)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 import ray
 
+from clients import leftovers
 from clients.launching import (
     WORKER_NAMESPACE,
     options_for,
@@ -54,7 +55,13 @@ class Roster:
         self.actors = list(actors)
         self.assignments = list(assignments)
         self.names = list(names) if names is not None else [None] * len(actors)
-        self.prepared: dict[int, tuple[Any, Assignment, str | None]] = {}
+        # A detached worker's tag follows from its name, so an attached group has it too.
+        self.tags = [
+            leftovers.new_tag(a.uid, n, True) if n else None
+            for a, n in zip(self.assignments, self.names, strict=False)
+        ]
+        self.tags += [None] * (len(self.actors) - len(self.tags))
+        self.prepared: dict[int, tuple[Any, Assignment, str | None, str]] = {}
         self._ready: dict[int, Any] = {}  # rank -> its replacement's __ray_ready__ ref
 
     def require_launch(self, what: str) -> Launch:
@@ -65,27 +72,44 @@ class Roster:
             )
         return self.launch
 
-    def start(self, a: Assignment, world: int, name: str | None = None) -> tuple[Any, str | None]:
+    def start(
+        self, a: Assignment, world: int, name: str | None = None
+    ) -> tuple[Any, str | None, str]:
         """Start a worker for ``a`` (named ``name`` if detached; default the rank's
-        name); the actor and its name."""
+        name); the actor, its name and its tag."""
         launch = self.require_launch("starting a worker")
         rank = a.placement.rank
         extra = rank_kwargs_for(launch.rank_kwargs, world)[rank]
         options = options_for(a, launch.env, launch.actor_options)
+        name = name or worker_name(self.job, self.component, rank)
+        tag = leftovers.new_tag(a.uid, name, self.detached)
+        options["runtime_env"]["env_vars"][leftovers.TAG] = tag
         if self.detached:
-            name = name or worker_name(self.job, self.component, rank)
             options.update(name=name, namespace=WORKER_NAMESPACE, lifetime="detached")
         actor = launch.actor_cls.options(**options).remote(
             *launch.args, **{**launch.kwargs, **extra}
         )
-        return actor, name if self.detached else None
+        return actor, name if self.detached else None, tag
+
+    def end_leftovers(self, stopped: list[tuple[Assignment, str | None]]) -> None:
+        """End what stopped workers (their assignment and tag) left on their nodes."""
+        by_node: dict[str, list[str]] = {}
+        for a, tag in stopped:
+            if tag:
+                by_node.setdefault(a.placement.node_id, []).append(tag)
+        if by_node:
+            leftovers.end_left_behind(by_node)
 
     def stop(self, ranks: list[int], reused: set[int] | None = None) -> None:
-        """Kill ranks; the names of the detached ones in ``reused`` (default all) are
-        free again when this returns, for a new worker of the same name."""
+        """Kill ranks and end what they left on their nodes (:mod:`clients.leftovers`);
+        the names of the detached ones in ``reused`` (default all) are free again when
+        this returns, for a new worker of the same name."""
         for r in ranks:
             with contextlib.suppress(Exception):  # most are already dead with their node
                 ray.kill(self.actors[r], no_restart=True)
+        self.end_leftovers(
+            [(self.assignments[r], self.tags[r]) for r in ranks if r < len(self.assignments)]
+        )
         reused = set(ranks) if reused is None else reused
         names = [self.names[r] for r in ranks if self.detached and self.names[r] and r in reused]
         deadline = time.monotonic() + 60
@@ -103,15 +127,16 @@ class Roster:
         after the old worker is gone."""
         self.actors += [None] * (len(fresh) - len(self.actors))
         self.names += [None] * (len(fresh) - len(self.names))
+        self.tags += [None] * (len(fresh) - len(self.tags))
         ready = [r for r in ranks if r in self.prepared and self.prepared[r][1] == fresh[r]]
         old = [r for r in ranks if r < len(self.assignments)]
         self.stop(old, reused={r for r in old if r not in ready})  # swapped: new names
         for r in ranks:
             if r in ready:
-                self.actors[r], _, self.names[r] = self.prepared.pop(r)
+                self.actors[r], _, self.names[r], self.tags[r] = self.prepared.pop(r)
                 self._ready.pop(r, None)
             else:
-                self.actors[r], self.names[r] = self.start(fresh[r], len(fresh))
+                self.actors[r], self.names[r], self.tags[r] = self.start(fresh[r], len(fresh))
         self.drop_prepared(keep=set())
         self.assignments = list(fresh)
 
@@ -120,7 +145,7 @@ class Roster:
         ``wait``, until a detached one's name is free again."""
         gone = list(range(world, len(self.actors)))
         self.stop(gone, reused=None if wait else set())
-        del self.actors[world:], self.names[world:], self.assignments[world:]
+        del self.actors[world:], self.names[world:], self.tags[world:], self.assignments[world:]
         self.drop_prepared(keep={r for r in self.prepared if r < world})
 
     def prepared_ready(self) -> bool:
@@ -138,15 +163,18 @@ class Roster:
         for r in ranks:
             if r not in self.prepared:
                 name = f"{worker_name(self.job, self.component, r)}@{fresh[r].epoch}"
-                actor, name = self.start(fresh[r], len(fresh), name)
-                self.prepared[r] = (actor, fresh[r], name)
+                actor, name, tag = self.start(fresh[r], len(fresh), name)
+                self.prepared[r] = (actor, fresh[r], name, tag)
                 self._ready[r] = actor.__ray_ready__.remote()
         return sorted(self.prepared)
 
     def drop_prepared(self, keep: set[int]) -> None:
         """Kill the replacements not in ``keep`` (made for assignments that changed)."""
+        dropped = []
         for r in [r for r in self.prepared if r not in keep]:
-            actor, _, _ = self.prepared.pop(r)
+            actor, a, _, tag = self.prepared.pop(r)
             self._ready.pop(r, None)
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
+            dropped.append((a, tag))
+        self.end_leftovers(dropped)

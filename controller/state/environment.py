@@ -70,6 +70,7 @@ PROTECTED = frozenset(
         "PLACECTL_CONTROLLER",
         "PLACECTL_BUNDLE_INDICES",
         "PLACECTL_CHILD_SHARE",
+        "PLACECTL_WORKER",  # set by clients.WorkerGroup: the tag its processes inherit
         "VLLM_RAY_BUNDLE_INDICES",
         "VLLM_RAY_PER_WORKER_GPUS",
         *VISIBLE_DEVICES.values(),

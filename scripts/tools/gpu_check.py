@@ -19,8 +19,9 @@ code does:
 7. has the engine rank start two plain OS processes that hold device memory, as SGLang's
    and vLLM's servers start theirs (one in the rank's session, one in a session of its
    own), kills the rank with ``SIGKILL`` as the OOM killer does, reads from the OS and
-   from ``nvidia-smi`` which of them still hold the device, and has ``repair()`` relaunch
-   the engine on the same device.
+   from ``nvidia-smi`` which of them still hold the device (Ray ends the first; the
+   second is placectl's to end), and has ``repair()`` relaunch the engine on the same
+   device.
 
 Prints PASS or FAIL per check (INFO for what is measured, not promised); exits 1 on any
 FAIL. On a machine without an NVIDIA GPU
@@ -278,8 +279,8 @@ def main() -> int:
 
 
 def left_behind(engine, reports, uuid: str, check, info) -> None:
-    """SIGKILL the engine rank; which of its processes still hold the device; repair()."""
-    child_actor = reports["engine child"]["pid"]
+    """SIGKILL the engine rank: what Ray ends at once, what is left holding the device
+    until repair() ends it, and the engine relaunched on the same device."""
     holders = {
         "child in the rank's session": engine.execute("start_holder", False)[0],
         "child in a session of its own": engine.execute("start_holder", True)[0],
@@ -290,32 +291,36 @@ def left_behind(engine, reports, uuid: str, check, info) -> None:
     else:
         listed = sorted(pid for pid in holders.values() if pid in held)
         info("holders nvidia-smi lists", f"{listed} of {sorted(holders.values())}")
-    rank = engine.execute("pid")[0]
-    os.kill(rank, signal.SIGKILL)
+    os.kill(engine.execute("pid")[0], signal.SIGKILL)
     killed = time.monotonic()
-    watched = {"child actor (Ray's, owned by the rank)": child_actor, **holders}
+    rays = {
+        "child actor (Ray's, owned by the rank)": reports["engine child"]["pid"],
+        "child in the rank's session": holders["child in the rank's session"],
+    }
     gone: dict[str, float] = {}
-    while time.monotonic() - killed < 30 and len(gone) < len(watched):
-        for name, pid in watched.items():
-            if name not in gone and not alive(pid):
-                gone[name] = time.monotonic() - killed
+    while time.monotonic() - killed < 10 and len(gone) < len(rays):
+        gone.update({n: time.monotonic() - killed for n, p in rays.items() if not alive(p)})
         time.sleep(0.1)
-    still = gpu_pids() or {}
-    for name, pid in watched.items():
-        detail = (
-            f"ended {gone[name]:.1f} s after the rank's SIGKILL"
-            if name in gone
-            else f"alive 30 s after the rank's SIGKILL, holding {still.get(pid, '?')} MiB"
-        )
-        if name == "child in a session of its own":
-            info(f"engine {name} (pid {pid})", detail)  # Ray ends the process group only
-        else:
-            check(f"engine {name} (pid {pid}) ends with the rank", name in gone, detail)
-    for pid in holders.values():
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
+    for name, pid in rays.items():
+        ended = f"ended {gone[name]:.1f} s after the rank's SIGKILL" if name in gone else "alive"
+        check(f"engine {name} (pid {pid}) ends with the rank (Ray)", name in gone, ended)
+    own = holders["child in a session of its own"]
+    time.sleep(max(0.0, 5 - (time.monotonic() - killed)))  # Ray has had its time
+    info(
+        f"engine child in a session of its own (pid {own}), before repair()",
+        f"alive {alive(own)}, holding {(gpu_pids() or {}).get(own, 0)} MiB "
+        f"{time.monotonic() - killed:.0f} s after the rank's SIGKILL: Ray does not end it",
+    )
     started = time.monotonic()
     relaunched = engine.repair(timeout=120)
+    after = gpu_pids()
+    check(
+        f"engine child in a session of its own (pid {own}) ended by repair() (placectl)",
+        not alive(own) and (after is None or own not in after),
+        f"alive {alive(own)}, nvidia-smi lists it: {None if after is None else own in after}",
+    )
+    if alive(own):
+        os.kill(own, signal.SIGKILL)
     again = engine.execute("report")[0]
     check(
         "repair() relaunches the engine on the same device",

@@ -1,0 +1,110 @@
+"""What a stopped worker leaves on its node, read from this machine's real process table:
+processes that carry the worker's tag end, whatever session they moved to; the rest do
+not; Ray's own workers are left to Ray."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from clients import leftovers
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def spawn():
+    """Start ``sleep`` (or ``argv``) with a tag, in a session of its own; killed after."""
+    started: list[subprocess.Popen] = []
+
+    def start(tag: str | None, argv: list[str] | None = None) -> int:
+        env = {k: v for k, v in os.environ.items() if k != leftovers.TAG}
+        if tag is not None:
+            env[leftovers.TAG] = tag
+        proc = subprocess.Popen(argv or ["sleep", "300"], env=env, start_new_session=True)
+        started.append(proc)
+        return proc.pid
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def wait_started(pid: int, tag: str) -> None:
+    deadline = time.monotonic() + 10
+    while pid not in leftovers.tagged([tag]):
+        assert time.monotonic() < deadline, f"pid {pid} never showed its tag"
+        time.sleep(0.01)
+
+
+def test_ends_exactly_the_processes_of_the_stopped_worker(spawn):
+    mine, other, untagged = (
+        spawn("uid:job.rollout.0:aa"),
+        spawn("uid:job.rollout.1:bb"),
+        spawn(None),
+    )
+    wait_started(mine, "uid:job.rollout.0:aa")
+    ended = leftovers.end_tagged(["uid:job.rollout.0:aa"])
+    assert [e.pid for e in ended] == [mine]
+    assert ended[0].command.startswith("sleep") and ended[0].tag == "uid:job.rollout.0:aa"
+    assert not alive(mine)
+    assert alive(other) and alive(untagged)
+
+
+def test_a_grandchild_that_left_for_a_session_of_its_own_is_found_by_its_tag(spawn):
+    # a launcher that starts its server in a new session and exits, as a daemon does
+    script = (
+        "import subprocess, sys; "
+        "p = subprocess.Popen(['sleep', '300'], start_new_session=True, "
+        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)"
+    )
+    tag = "uid:job.engine.0:cc"
+    env = {**os.environ, leftovers.TAG: tag}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    grandchild = int(out.stdout)
+    try:
+        assert alive(grandchild)  # its parent is gone; it lives on, reparented
+        assert [e.pid for e in leftovers.end_tagged([tag])] == [grandchild]
+        assert not alive(grandchild)
+    finally:
+        if alive(grandchild):
+            os.kill(grandchild, 9)
+
+
+def test_ray_workers_are_left_to_ray_and_waited_for_a_bounded_time(spawn):
+    tag = "uid:job.actor.0:dd"
+    worker = spawn(tag, ["bash", "-c", 'exec -a "ray::Trainer" sleep 300'])
+    child = spawn(tag)
+    wait_started(child, tag)
+    deadline = time.monotonic() + 10
+    while not leftovers.tagged([tag]).get(worker, ("", ""))[1].startswith("ray::"):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    started = time.monotonic()
+    ended = leftovers.end_tagged([tag], ray_grace=0.3)
+    assert [e.pid for e in ended] == [child]
+    assert alive(worker)  # Ray's to end
+    assert 0.3 <= time.monotonic() - started < 5
+
+
+def test_nothing_tagged_returns_at_once():
+    started = time.monotonic()
+    assert leftovers.end_tagged(["uid:nobody:00"]) == []
+    assert time.monotonic() - started < 5
+
+
+def test_tags():
+    assert leftovers.new_tag("u1", "job.engine.0", detached=True) == "u1:job.engine.0"
+    a, b = (leftovers.new_tag("u1", "job.engine.0", detached=False) for _ in range(2))
+    assert a != b and a.startswith("u1:job.engine.0:")
