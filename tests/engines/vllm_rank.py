@@ -1,0 +1,92 @@
+"""A rollout rank that is a real vLLM engine, a trainer rank that pushes it new weights,
+and the worker extension through which vLLM's own workers take them (as verl and
+OpenRLHF add theirs: ``worker_extension_cls``, then ``collective_rpc``)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+
+from tests.engines.tiny_model import PROMPT, TOKENS, weights
+
+
+class Push:
+    """Mixed into every vLLM worker: load weights sent as (dtype, shape, bytes)."""
+
+    def push(self, named: dict) -> int:
+        import torch
+
+        loaded = [
+            (n, torch.frombuffer(bytearray(b), dtype=getattr(torch, d)).reshape(s))
+            for n, (d, s, b) in named.items()
+        ]
+        self.model_runner.model.load_weights(loaded)
+        return len(loaded)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class Engine:
+    """One rollout rank: a vLLM engine on the model at ``model``. ``watch``: a file of
+    pids whose liveness the rank notes when it starts (a relaunch checks what its
+    predecessor left)."""
+
+    def __init__(self, model: str, watch: str | None = None):
+        from vllm import LLM
+
+        self.found = {}
+        if watch and os.path.exists(watch):
+            with open(watch) as f:
+                self.found = {int(p): alive(int(p)) for p in f.read().split()}
+        started = time.monotonic()
+        self.llm = LLM(
+            model=model,
+            enforce_eager=True,
+            dtype="float32",
+            max_model_len=128,
+            seed=0,
+            worker_extension_cls="tests.engines.vllm_rank.Push",
+        )
+        self.up_s = time.monotonic() - started
+
+    def generate(self) -> list[int]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0, max_tokens=TOKENS)
+        (out,) = self.llm.generate([PROMPT], params, use_tqdm=False)
+        return list(out.outputs[0].token_ids)
+
+    def push(self, named: dict) -> float:
+        started = time.monotonic()
+        self.llm.collective_rpc("push", args=(named,))
+        return time.monotonic() - started
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def tree(self) -> list[dict]:
+        """The engine's processes, as the OS lists them under this rank."""
+        return [
+            {"pid": p.pid, "name": p.name(), "cmdline": " ".join(p.cmdline())[:120]}
+            for p in psutil.Process().children(recursive=True)
+        ]
+
+    def started(self) -> dict:
+        return {"found": self.found, "up_s": self.up_s}
+
+
+class Trainer:
+    """One trainer rank: after its update, it sends the changed tensors to every engine."""
+
+    def push(self, engines: list, updated: str, names: list[str]) -> list[float]:
+        import ray
+
+        named = weights(__import__("pathlib").Path(updated), set(names))
+        return ray.get([e.push.remote(named) for e in engines])
