@@ -207,6 +207,7 @@ class PlacementController:
         while not self._incarnation.dead:
             await ops.checker.idle(self.settings.reconcile_period)
             try:
+                self._io.metrics.table_readable(ready.refusal is None)
                 if ready.refusal is None:
                     await ops.reconciler.tick()
                     await ops.admitter.tick()

@@ -70,6 +70,7 @@ class Metrics(Protocol):
     def event(self, event: Event) -> None: ...
     def queues(self, usage: list[QueueUsage]) -> None: ...
     def fence(self, outcome: str) -> None: ...
+    def table_readable(self, readable: bool) -> None: ...
 
 
 class ClusterIO(Protocol):
@@ -172,6 +173,7 @@ class KeptMetrics:
         self.events: list[Event] = []
         self.usage: list[QueueUsage] = []
         self.fences: list[str] = []
+        self.readable: bool | None = None
 
     def observe(self, states: dict[str, int]) -> None:
         self.states = dict(states)
@@ -187,3 +189,6 @@ class KeptMetrics:
 
     def fence(self, outcome: str) -> None:
         self.fences.append(outcome)
+
+    def table_readable(self, readable: bool) -> None:
+        self.readable = readable

@@ -5,7 +5,7 @@ Labels are bounded by what an operator configures (queues, resources) or by plac
 (states, causes), never by job names, so a cluster with many jobs does not grow the
 series count. Counters and histograms follow from the event history (one event, one
 observation); gauges are set at every commit (states) and every tick of the loop
-(queues and quotas).
+(queues, quotas, whether the table is readable).
 """
 
 from __future__ import annotations
@@ -61,6 +61,12 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("outcome",),
         "Fences of nodes whose raylet stopped answering: fenced, failed (tried again), "
         "denied (placectl's calls refused: Ray's own health checks decide).",
+    ),
+    "placectl_table_readable": (
+        "gauge",
+        (),
+        "1 while the controller acts on its reservation table, 0 while it refuses every "
+        "call because the table cannot be read (a newer placectl's, or corrupt).",
     ),
     "placectl_quota_limit": ("gauge", ("queue", "resource"), "A queue's quota."),
     "placectl_quota_used": (
@@ -124,6 +130,9 @@ class RayMetrics:
 
     def fence(self, outcome: str) -> None:
         self._m["placectl_fences"].inc(1, tags={"outcome": outcome})
+
+    def table_readable(self, readable: bool) -> None:
+        self._m["placectl_table_readable"].set(1 if readable else 0)
 
     def queues(self, usage: list[QueueUsage]) -> None:
         seen, series = set(), set()

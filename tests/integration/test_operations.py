@@ -124,6 +124,7 @@ def test_an_operator_sees_the_queue_preemption_and_an_abrupt_repair(metrics_clus
         "placectl_quota_used": {"queue": "research", "resource": "GPU"},
         "placectl_reserve_latency_seconds": {},
         "placectl_fences": {"outcome": "fenced"},  # vip's node, killed without a word
+        "placectl_table_readable": {},  # what the controller-down alert watches
     }
     assert set(wanted) | {"placectl_drain_moves"} == set(METRICS)  # drains: test_drains
 

@@ -95,12 +95,14 @@ def test_unreadable_record_leaves_every_group_and_is_named_on_every_call():
             ):
                 await call
         assert (await ctl2.health())["refusal"]
+        assert fake.metrics.readable is False  # what an operator's alert fires on
         fake.kill_node(stored(fake, "keep").slots[0].node_id)
         await asyncio.sleep(0.2)
         assert stored(fake, "keep").epoch == 1  # no repair either
         del fake.kv[k]  # an operator moves the key aside: the controller resumes
         await until(lambda: stored(fake, "keep").epoch == 2)
         assert (await ctl2.health())["refusal"] is None
+        await until(lambda: fake.metrics.readable)
         await ctl2.stop()
 
     run(go())
