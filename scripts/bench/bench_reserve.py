@@ -7,7 +7,10 @@ On a local cluster of 4 nodes x 8 fake GPUs (plus a head without GPUs), in one r
    32 GPUs) and learn which physical GPU each rank got (one pinned group per node,
    probe tasks), against the probe-actor approach many frameworks use: one PACK
    placement group of 32 single-GPU bundles, one ``num_gpus=1`` probe actor per bundle,
-   sort by IP then GPU id.
+   sort by IP then GPU id. Cold and warm: the baseline starts its 32 actors in new
+   worker processes (cold, as it runs in the frameworks); placectl is timed as deployed
+   (its loop keeps one idle worker per node, started off the clock, for the probes) and
+   cold (a second controller with that warm-up off), in alternating order.
 2. Attaching to the existing reservation from a new driver process (connect, look the
    reservation up, fetch every component's assignments), after ``ray.init``.
 3. ``assignments()`` latency against a no-op actor call, both uncached round trips.
@@ -29,6 +32,10 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import clients
+from clients.session import connect
+from controller.runtime.controller import PlacementController
+from controller.runtime.io import HEAD_RESOURCE
+from controller.runtime.settings import Settings
 
 NODES, GPUS = 4, 8
 LAYOUT = {"num_nodes": NODES + 1, "component_placement": {"actor,rollout": "all"}}
@@ -60,7 +67,7 @@ def probe_actor_baseline() -> float:
     return elapsed
 
 
-def placectl_reserve(ctl, job: str) -> float:
+def placectl_reserve(ctl, job: str) -> float:  # ctl: the controller to reserve through
     t0 = time.perf_counter()
     res = ctl.reserve(job, LAYOUT, timeout_s=120)
     assignments = {c: res.assignments(c) for c in res.components}
@@ -70,6 +77,28 @@ def placectl_reserve(ctl, job: str) -> float:
     detail = ", ".join(f"{k} {v:.3f}" for k, v in steps.items())
     print(f"  placectl run: {elapsed:.3f} s ({detail})")
     return elapsed
+
+
+def cold_controller():
+    """A second controller that never warms a node: its probes start new workers."""
+    ray.remote(PlacementController).options(
+        name="placectl-cold",
+        namespace="placectl",
+        lifetime="detached",
+        num_cpus=0,
+        resources={HEAD_RESOURCE: 0.001},
+        max_concurrency=1000,
+    ).remote("placectl-cold", settings=Settings(warm_budget=0))
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            ctl = connect(name="placectl-cold", start=False)
+            ctl.check_alive()
+            return ctl
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def attach_from_new_driver(address: str) -> float:
@@ -106,18 +135,29 @@ def main() -> None:
     with local_cluster(NODES, gpus=GPUS) as (cluster, _):
         ctl = clients.connect()
         ctl.release_all()
-        ours, theirs = [], []
-        for i in range(args.repeat):  # alternate, so neither side gets a warmer cluster
-            ours.append(placectl_reserve(ctl, f"bench-{i}"))
-            ctl.release(f"bench-{i}")
-            theirs.append(probe_actor_baseline())
-            time.sleep(0.5)
+        cold_ctl = cold_controller()
+        ours, cold, theirs = [], [], []
+        for i in range(args.repeat):  # rotate, so no side always gets the warmer cluster
+            for side in ["warm", "cold", "probe"][i % 3 :] + ["warm", "cold", "probe"][: i % 3]:
+                if side == "warm":
+                    ours.append(placectl_reserve(ctl, f"bench-{i}"))
+                    ctl.release(f"bench-{i}")
+                elif side == "cold":
+                    cold.append(placectl_reserve(cold_ctl, f"bench-cold-{i}"))
+                    cold_ctl.release(f"bench-cold-{i}")
+                else:
+                    theirs.append(probe_actor_baseline())
+                time.sleep(0.5)
         t = results.add("probe actors", theirs)
         o = results.add("placectl reserve", ours, baseline="probe actors")
+        c = results.add("placectl reserve, cold", cold, baseline="probe actors")
         print(f"reserve + topology, {NODES}x{GPUS} GPUs, median of {args.repeat}:")
-        print(f"  placectl (pinned groups + probe tasks): {o['median']:7.3f} s  {sorted(ours)}")
-        print(f"  probe actors (PACK group + 32 actors):  {t['median']:7.3f} s  {sorted(theirs)}")
-        print(f"  ratio placectl / probe actors:          {o['ratio']:7.3f}")
+        print(f"  placectl as deployed (warm):            {o['median']:7.3f} s  {sorted(ours)}")
+        print(f"  placectl cold (no warm-up):             {c['median']:7.3f} s  {sorted(cold)}")
+        print(f"  probe actors, cold (PACK + 32 actors):  {t['median']:7.3f} s  {sorted(theirs)}")
+        print(
+            f"  ratio placectl / probe actors:          {o['ratio']:7.3f} (cold {c['ratio']:.3f})"
+        )
 
         res = ctl.reserve("bench", LAYOUT, timeout_s=120)
         attach = [attach_from_new_driver(cluster.address) for _ in range(args.repeat)]
