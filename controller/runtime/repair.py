@@ -23,6 +23,7 @@ from controller.runtime import groups
 from controller.runtime.checks import Checker
 from controller.runtime.context import Context
 from controller.runtime.leasing import Leaser
+from controller.state.causes import DRAIN, OWN_NODE, RESPONSES
 from controller.state.demand import Want, for_spare
 from controller.state.owners import Caller
 from controller.state.published import publish
@@ -251,13 +252,15 @@ class Repairer:
         live_by_id = {n.node_id: n for n in live.nodes}
         free = await self._io.free_resources()
         taken = {s.node_id for i, s in enumerate(res.slots) if i not in broken}
-        # A lost node's slots (several after an apply grew it) move together, as one
-        # slot on one spare; a vanished group on a live node is made again there.
+        # Where each goes is its cause's (controller.state.causes.RESPONSES). A lost
+        # node's slots (several after an apply grew it) move together, as one slot on
+        # one spare.
         parts: list[tuple[Any, list[int]]] = []
         lost: dict[int, list[int]] = {}
         for i in broken:
             slot = res.slots[i]
-            if slot.node_id in live_by_id:
+            cause = found[i].cause if i in found else DRAIN
+            if RESPONSES[cause].replace_on == OWN_NODE and slot.node_id in live_by_id:
                 parts.append((live_by_id[slot.node_id], [i]))
             else:
                 lost.setdefault(slot.node_rank, []).append(i)

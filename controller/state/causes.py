@@ -19,6 +19,27 @@ DRAIN = "drain"  # its node is being drained: moved make before break
 OTHER = "other"  # anything else (records from before causes were kept included)
 CAUSES = (NODE_LOST, GROUP_REMOVED, GROUP_UNPLACED, DRAIN, OTHER)
 
+OWN_NODE = "own node"  # the slot is made again where it was
+SPARE = "spare"  # on a spare node of the same kind; without one, the autoscaler is asked
+
+
+class Response(msgspec.Struct, frozen=True):
+    """What a repair does about a broken slot of one cause."""
+
+    replace_on: str  # OWN_NODE or SPARE: where the slot is made again
+    why: str  # for people: why that is the answer
+
+
+# The one table of what each cause gets. A slot whose cause says OWN_NODE goes to a spare
+# anyway when its node no longer takes slots (it died or started draining meanwhile).
+RESPONSES: dict[str, Response] = {
+    NODE_LOST: Response(SPARE, "its node is gone"),
+    GROUP_REMOVED: Response(OWN_NODE, "its node still holds the room the group had"),
+    GROUP_UNPLACED: Response(OWN_NODE, "its node is alive; the group is made again there"),
+    DRAIN: Response(SPARE, "its node is going: the slot moves before the deadline"),
+    OTHER: Response(SPARE, "nothing says its node is sound"),
+}
+
 
 class Broken(msgspec.Struct, frozen=True):
     """One broken slot: its cause (one of :data:`CAUSES`) and a line for people."""
@@ -39,4 +60,16 @@ def legacy_cause(reason: str) -> str:
     return OTHER
 
 
-__all__ = ["CAUSES", "DRAIN", "GROUP_REMOVED", "GROUP_UNPLACED", "NODE_LOST", "OTHER", "Broken"]
+__all__ = [
+    "CAUSES",
+    "DRAIN",
+    "GROUP_REMOVED",
+    "GROUP_UNPLACED",
+    "NODE_LOST",
+    "OTHER",
+    "OWN_NODE",
+    "RESPONSES",
+    "SPARE",
+    "Broken",
+    "Response",
+]

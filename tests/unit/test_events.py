@@ -236,3 +236,28 @@ def test_each_queue_s_use_is_shown_beside_its_quota_and_reported():
         return reported.get("team") is not None and reported["team"].oldest_wait_s
 
     run(go())
+
+
+def test_one_table_answers_every_cause_and_a_removed_group_is_made_again_on_its_node():
+    from controller.state.causes import CAUSES, OWN_NODE, RESPONSES, SPARE
+
+    assert set(RESPONSES) == set(CAUSES)
+    assert {r.replace_on for r in RESPONSES.values()} <= {OWN_NODE, SPARE}
+
+    async def go():
+        fake = cluster()
+        ctl = await controller(fake)
+        await ctl.reserve("j", spec("0-1"), 5)
+        before = stored(fake, "j").slots[0]
+        fake.remove_group_behind_back(before.group_id)  # the node lives
+        rec = await until(lambda: (r := stored(fake, "j")).epoch == 2 and r.state == "ready" and r)
+        assert (
+            rec.slots[0].node_id == before.node_id != ""
+            and rec.slots[0].group_id != before.group_id
+        )
+        assert [e.cause for e in events(await ctl.events("j")) if e.kind == "repaired"] == [
+            "group-removed"
+        ]
+        await ctl.stop()
+
+    run(go())
