@@ -28,6 +28,7 @@ _LAZY = {
     "ReservationInfeasible": "controller.errors",
     "ReservationTimeout": "controller.errors",
     "SpecError": "controller.errors",
+    "SettingsError": "controller.errors",
     "StaleChange": "controller.errors",
     "StaleReservation": "controller.errors",
     "TableUnreadable": "controller.errors",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,7 @@ def connect(
     name: str = DEFAULT_NAME,
     namespace: str = DEFAULT_NAMESPACE,
     token: str | None = None,
+    settings: dict[str, str] | None = None,
 ) -> Controller:
     """Attach to the cluster's controller, starting it if needed.
 
@@ -62,19 +64,32 @@ def connect(
         token: the owner token of the reservations this client creates and changes
             (default: ``PLACECTL_TOKEN``, else the user's token file; see
             :mod:`clients.owner_token`).
+        settings: the controller's settings by name (``{"fence_after": "3"}``), for a
+            controller this call starts; a running one keeps its own (said on stderr).
+            Checked before anything starts.
 
     Returns:
         A handle; it works from any Ray namespace.
 
     Raises:
         ControllerNotFound: no controller exists and ``start`` is False.
+        SettingsError: ``settings`` names an unknown setting or a value it does not take.
     """
     check_ray_version(ray.__version__)
+    from controller.runtime.settings import by_name
+
+    carried = by_name(settings or {})
     if not ray.is_initialized():
         ray.init(address=address)
     try:
         handle = ray.get_actor(name, namespace=namespace)
         created = False
+        if carried:
+            print(
+                f"placectl: controller {name!r} runs already; its settings were fixed when it "
+                "started (placectl stop, then start with --set, to change them)",
+                file=sys.stderr,
+            )
     except ValueError:
         if not start:
             raise ControllerNotFound(
@@ -95,6 +110,7 @@ def connect(
                 num_cpus=0,
                 resources={HEAD_RESOURCE: 0.001},
                 max_concurrency=1000,
+                runtime_env={"env_vars": carried} if carried else None,
             )
             .remote(name)
         )

@@ -48,6 +48,7 @@ _EXPORTS = {
     "PlacementStrategy": "controller.planning.strategies",
     "PlacementStringError": "controller.errors",
     "SpecError": "controller.errors",
+    "SettingsError": "controller.errors",
     "StridedPlacementStrategy": "controller.planning.strategies",
     "load_spec": "controller.planning.spec",
 }
@@ -78,6 +79,7 @@ __all__ = [
     "ReservationError",
     "ReservationInfeasible",
     "ReservationTimeout",
+    "SettingsError",
     "SpecError",
     "StaleChange",
     "StaleReservation",
@@ -102,6 +104,7 @@ if TYPE_CHECKING:
         ReservationError,
         ReservationInfeasible,
         ReservationTimeout,
+        SettingsError,
         SpecError,
         StaleChange,
         StaleReservation,

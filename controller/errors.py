@@ -18,6 +18,10 @@ class SpecError(PlacementError):
     """The ``cluster:`` block is malformed: wrong type, unknown or missing key."""
 
 
+class SettingsError(PlacementError):
+    """A controller setting given by variable or ``--set`` is unknown or out of range."""
+
+
 class PlacementStringError(PlacementError):
     """A ``resource_ranks[:process_ranks]`` string breaks the grammar or its rules."""
 

@@ -114,18 +114,24 @@ def watch(show: Callable[[], str], interval: float, output: str) -> None:
         return
 
 
-def connect(address: str, start: bool = False):
+def connect(address: str, start: bool = False, settings: dict[str, str] | None = None):
     """The controller the command line names (``--name``, ``--namespace``)."""
     import ray
 
     import clients
+    from controller.runtime.settings import by_name
 
+    by_name(settings or {})  # a bad --set fails before any cluster is reached
     root = click.get_current_context().find_root().params
     try:
         if not ray.is_initialized():
             ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         return clients.connect(
-            address=address, start=start, name=root["name"], namespace=root["namespace"]
+            address=address,
+            start=start,
+            name=root["name"],
+            namespace=root["namespace"],
+            settings=settings,
         )
     except ConnectionError as e:
         raise ClusterUnavailable(

@@ -124,10 +124,24 @@ def plan(config, nodes, gpus_per_node, cluster_file, output, as_json) -> None:
 
 @cli.command()
 @address_option
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A controller setting for a controller this starts (repeatable); see the settings "
+    "reference. The same as its PLACECTL_NAME variable in the head's environment.",
+)
 @output_option
-def start(address, output, as_json) -> None:
+def start(address, settings, output, as_json) -> None:
     """Start the controller on the cluster's head node (get-or-create; safe to repeat)."""
-    ctl = connect(address, start=True)
+    given = {}
+    for item in settings:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise click.BadParameter(f"{item!r}: expected NAME=VALUE", param_hint="--set")
+        given[name.strip()] = value.strip()
+    ctl = connect(address, start=True, settings=given)
     health = ctl.health()
     count = health.get("reservations", 0)
     data = {"controller": ctl.name, "namespace": ctl.namespace, **health}

@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import time
 
 from controller.errors import ReservationError, TableUnreadable
 from controller.runtime.change_calls import ChangeCalls
-from controller.runtime.channels import test_hooks
 from controller.runtime.context import Context
 from controller.runtime.diagnostics import DiagnosticCalls
 from controller.runtime.history import History
@@ -35,7 +35,7 @@ from controller.runtime.read_calls import ReadCalls
 from controller.runtime.readiness import Readiness
 from controller.runtime.reconcile import Reconciler
 from controller.runtime.routes import route
-from controller.runtime.settings import Settings
+from controller.runtime.settings import Settings, from_environ
 from controller.runtime.state import ReservationState
 from controller.runtime.store import Store
 from controller.runtime.tasks import Tasks
@@ -98,7 +98,8 @@ class PlacementController:
     Args:
         name: the actor's name; it prefixes group names and the table's namespace.
         io: the cluster; default the real one (Ray). Unit tests pass a FakeCluster.
-        settings: timing and pacing (:class:`~controller.runtime.settings.Settings`).
+        settings: timing and pacing (:class:`~controller.runtime.settings.Settings`);
+            default: the defaults, with what the process's ``PLACECTL_*`` variables set.
     """
 
     def __init__(
@@ -116,7 +117,7 @@ class PlacementController:
             from controller.runtime.ray_io import RayClusterIO
 
             io = RayClusterIO(KV_NAMESPACE, kv_prefix(name))
-        self.settings = settings or Settings(test_hooks=test_hooks())
+        self.settings = settings or from_environ(os.environ)
         self._io = io
         self._incarnation = Incarnation(exit_process=real)
         tasks = Tasks()

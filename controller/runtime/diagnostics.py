@@ -10,6 +10,7 @@ from controller.errors import ReservationError
 from controller.runtime.channels import TEST_HOOKS
 from controller.runtime.operations import Operations
 from controller.runtime.readiness import Readiness
+from controller.runtime.settings import changed
 from controller.state.requests import Fault, JobOf
 from controller.version import version
 
@@ -34,7 +35,8 @@ class DiagnosticCalls:
     async def health(self) -> dict[str, Any]:
         """Version, incarnation, node, recovery, refusal, how node events arrive, GCS
         store, fenced nodes, who refuses placectl's own calls (``denied``: node id or
-        ``gcs`` -> why) and the fences that failed."""
+        ``gcs`` -> why), the fences that failed, and the settings that differ from the
+        defaults."""
         io = self._ctx.io
         return {
             "version": version(),
@@ -48,6 +50,7 @@ class DiagnosticCalls:
             "fenced": dict(self._ops.liveness.fenced),
             "denied": dict(self._ops.liveness.denied),
             "fence_failures": self._ops.liveness.fence_failures,
+            "settings": changed(self._ctx.settings),
         }
 
     # ------------------------------------------------------------ testing

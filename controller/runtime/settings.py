@@ -1,8 +1,16 @@
-"""The controller's timing and pacing, with the reason beside each value."""
+"""The controller's timing and pacing, with the reason beside each value. Each is set by
+an environment variable of the controller's process, ``PLACECTL_`` and its name in
+capitals (:func:`variable`), or by ``placectl start --set name=value`` (which passes the
+same variable); ``docs/reference/settings.md`` lists them."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 import msgspec
+
+from controller.errors import SettingsError
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,3 +103,91 @@ FAST = Settings(
     test_hooks=True,
 )
 """Settings for unit tests on the fake cluster, where nothing takes real time."""
+
+
+PREFIX = "PLACECTL_"
+# The least each setting may be: periods and waits must pass, counts may be zero where
+# zero means "none" (warm_budget: no warm-up).
+_LEAST: dict[str, float] = {"refused_confirm": 0.0, "warm_budget": 0, "max_in_flight": 1}
+
+
+def variable(name: str) -> str:
+    """The environment variable that sets the setting ``name``: ``PLACECTL_`` + its name
+    in capitals (``fence_after`` -> ``PLACECTL_FENCE_AFTER``)."""
+    return PREFIX + name.upper()
+
+
+def _parse(name: str, default: object, raw: str) -> object:
+    var = f"{variable(name)}={raw!r}"
+    if isinstance(default, bool):
+        truth = raw.strip().lower()
+        if truth in ("1", "true", "yes", "on"):
+            return True
+        if truth in ("0", "false", "no", "off", ""):
+            return False
+        raise SettingsError(f"{var}: expected 1 or 0 (true or false); default {int(default)}")
+    if isinstance(default, int):
+        least = _LEAST.get(name, 1)
+        try:
+            count = int(raw)
+        except ValueError:
+            count = least - 1
+        if count < least:
+            raise SettingsError(f"{var}: expected a whole number >= {least}; default {default}")
+        return count
+    least = _LEAST.get(name)  # None: it must be more than zero
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or (value <= 0 if least is None else value < least):
+        bound = "> 0" if least is None else f">= {least:g}"
+        raise SettingsError(f"{var}: expected a number of seconds {bound}; default {default:g}")
+    return value
+
+
+def from_environ(environ: Mapping[str, str], base: Settings | None = None) -> Settings:
+    """``base`` (default: the defaults) with every setting ``environ`` names by its
+    variable (:func:`variable`) taken from there.
+
+    Raises:
+        SettingsError: a variable's value is not one its setting takes; the message
+            names the variable, what it takes and the default.
+    """
+    base = base or Settings()
+    values = {}
+    for field in msgspec.structs.fields(Settings):
+        raw = environ.get(variable(field.name))
+        if raw is not None:
+            values[field.name] = _parse(field.name, field.default, raw)
+    return msgspec.structs.replace(base, **values)
+
+
+def by_name(given: Mapping[str, str]) -> dict[str, str]:
+    """Settings given by name (``{"fence_after": "3"}``, as ``placectl start --set``
+    takes them), checked, as the variables that carry them to the controller.
+
+    Raises:
+        SettingsError: an unknown name, or a value its setting does not take.
+    """
+    names = [f.name for f in msgspec.structs.fields(Settings)]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise SettingsError(
+            f"unknown setting {', '.join(map(repr, unknown))}; the settings are: "
+            + ", ".join(names)
+        )
+    env = {variable(k): str(v) for k, v in given.items()}
+    from_environ(env)
+    return env
+
+
+def changed(settings: Settings) -> dict[str, object]:
+    """The settings that differ from the defaults, by name (the controller's health has
+    them: ``placectl start --json`` shows it)."""
+    default = Settings()
+    return {
+        f.name: getattr(settings, f.name)
+        for f in msgspec.structs.fields(Settings)
+        if getattr(settings, f.name) != getattr(default, f.name)
+    }

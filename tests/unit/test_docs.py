@@ -44,6 +44,17 @@ def test_the_cli_reference_is_what_the_cli_prints():
     assert text(cli_reference.PAGE) == cli_reference.page(), "run scripts/tools/cli_reference.py"
 
 
+def test_the_settings_reference_is_what_the_code_holds():
+    sys.path.insert(0, str(ROOT / "scripts" / "tools"))
+    try:
+        import settings_reference
+    finally:
+        sys.path.remove(str(ROOT / "scripts" / "tools"))
+    page = settings_reference.page()
+    assert text(settings_reference.PAGE) == page, "run scripts/tools/settings_reference.py"
+    assert "|  |" not in page  # every setting says why
+
+
 def test_the_version_is_the_packages():
     project = tomllib.loads(text(ROOT / "pyproject.toml"))["project"]
     from controller.version import SOURCE_VERSION
