@@ -214,6 +214,25 @@ def test_the_cli_exit_codes_tell_not_found_conflict_and_timeout_apart(cluster, c
     assert placectl_cli(cluster.address, "release", "codes").returncode == 0
 
 
+def test_start_set_reaches_the_controller_it_starts_and_a_bad_value_starts_nothing(cluster):
+    from tests.integration.conftest import placectl_cli
+
+    named = ("--name", "with-settings")
+    bad = placectl_cli(cluster.address, *named, "start", "--set", "fence_after=soon")
+    assert bad.returncode == 2, bad.stderr
+    assert "PLACECTL_FENCE_AFTER='soon': expected a number of seconds > 0" in bad.stderr
+    with pytest.raises(ValueError):  # nothing was started
+        ray.get_actor("with-settings", namespace="placectl")
+    args = ("start", "--set", "fence_after=3", "--set", "events_kept=50", "-o", "json")
+    done = placectl_cli(cluster.address, *named, *args)
+    try:
+        assert done.returncode == 0, done.stderr
+        # what the running controller reports of itself, read from its health
+        assert json.loads(done.stdout)["settings"] == {"fence_after": 3.0, "events_kept": 50}
+    finally:
+        placectl_cli(cluster.address, *named, "stop")
+
+
 class _Idle:
     def ping(self) -> int:
         return 1
