@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -259,3 +260,31 @@ def test_a_restarted_driver_reattaches_to_detached_verl_workers(cluster, ctl):
             ray.kill(w)
     with pytest.raises(PlacementError, match="no running verl worker"):
         pverl.attach(res, "actor", _cls())
+
+
+def test_the_guides_main_ppo_runner_hands_verl_the_reservations_pool(ctl):
+    """The guide's placectl_main_ppo.py as written (its module body, not its hydra entry
+    point): the runner's pool hook reserves and gives verl's trainer a pool manager over
+    the reservation's GPUs."""
+    import re
+    import types
+
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.ray_trainer import Role
+
+    page = (pathlib.Path(__file__).parents[2] / "docs" / "guides" / "verl.md").read_text()
+    (block,) = re.findall(r"```python\n(# placectl_main_ppo\.py.*?)```", page, re.S)
+    module = types.ModuleType("placectl_main_ppo")
+    exec(compile(block, "placectl_main_ppo.py", "exec"), module.__dict__)
+    runner = module.PlacectlTaskRunner()
+    runner.mapping = {Role.ActorRollout: "global_pool"}
+    config = OmegaConf.create({"trainer": {"experiment_name": "guide-ppo"}})
+    try:
+        manager = runner.init_resource_pool_mgr(config)
+        manager.create_resource_pool()
+        assert manager.get_n_gpus() == 8  # every GPU of the reservation, none of the head's
+        res = ctl.reservation("guide-ppo")
+        assert [a.placement.rank for a in res.assignments("actor_rollout_ref")] == list(range(8))
+        assert issubclass(module.PlacectlTaskRunner, module.TaskRunner.__ray_actor_class__)
+    finally:
+        ctl.release("guide-ppo")
