@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -100,6 +101,11 @@ def test_a_killed_engine_leaves_nothing_and_comes_back_in_its_slot(res, models, 
     )
     assert engine.execute("generate") == [tiny_model.greedy(models[0])]
 
-    again = [engine.execute("pid")[0], *(p["pid"] for p in engine.execute("tree")[0])]
+    rank_pid = engine.execute("pid")[0]
+    tree = [p["pid"] for p in engine.execute("tree")[0]]
     engine.shutdown()
-    assert not any(alive(p) for p in again)
+    assert not any(alive(p) for p in tree)  # the engine's own processes: ended at once
+    deadline = time.monotonic() + 30  # the rank's worker is Ray's to end, asynchronously
+    while alive(rank_pid):
+        assert time.monotonic() < deadline, "Ray did not end the rank's worker in 30 s"
+        time.sleep(0.1)
