@@ -227,8 +227,10 @@ def test_start_set_reaches_the_controller_it_starts_and_a_bad_value_starts_nothi
     done = placectl_cli(cluster.address, *named, *args)
     try:
         assert done.returncode == 0, done.stderr
-        # what the running controller reports of itself, read from its health
-        assert json.loads(done.stdout)["settings"] == {"fence_after": 3.0, "events_kept": 50}
+        # what the running controller reports of itself, read from its health (a test
+        # cluster's processes all have PLACECTL_TEST_HOOKS=1: that one is the cluster's)
+        settings = json.loads(done.stdout)["settings"]
+        assert settings == {"fence_after": 3.0, "events_kept": 50, "test_hooks": True}
     finally:
         placectl_cli(cluster.address, *named, "stop")
 
