@@ -148,6 +148,7 @@ def main() -> None:
                 else:
                     theirs.append(probe_actor_baseline())
                 time.sleep(0.5)
+        ray.kill(cold_ctl.handle)  # its loop must not load what is measured next
         t = results.add("probe actors", theirs)
         o = results.add("placectl reserve", ours, baseline="probe actors")
         c = results.add("placectl reserve, cold", cold, baseline="probe actors")
