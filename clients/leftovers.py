@@ -72,6 +72,15 @@ def tagged(tags: Iterable[str], proc: str = "/proc") -> dict[int, tuple[str, str
     return found
 
 
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie, read from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def is_ray_worker(command: str) -> bool:
     """A Ray worker process (its title is ``ray::...``): Ray ends those itself."""
     return command.startswith("ray::")

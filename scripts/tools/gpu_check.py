@@ -40,6 +40,8 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
+from clients.leftovers import alive
+
 MIB = 1 << 20
 # A process that holds device memory until it is killed, as an engine's server does.
 HOLDER = (
@@ -167,15 +169,6 @@ class Probe:
         me = clients.current()
         child = ray.remote(Probe).options(**me.child_options(0)).remote()
         return ray.get(child.report.remote())
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie, read from /proc."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def gpu_pids() -> dict[int, int] | None:

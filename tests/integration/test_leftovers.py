@@ -12,17 +12,10 @@ import subprocess
 import pytest
 
 import clients
+from clients.leftovers import alive
 from tests.integration.conftest import local_cluster
 
 CONFIG = {"num_nodes": 2, "component_placement": {"engine": "0-1"}}
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 class Engine:

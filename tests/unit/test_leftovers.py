@@ -12,14 +12,7 @@ import time
 import pytest
 
 from clients import leftovers
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+from clients.leftovers import alive
 
 
 @pytest.fixture
