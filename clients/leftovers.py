@@ -118,14 +118,14 @@ def end_left_behind(
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     say = say or (lambda m: print(f"placectl: {m}", file=sys.stderr, flush=True))
-    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    live = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
     sweep = ray.remote(num_cpus=0, max_retries=0)(end_tagged)
     refs = {
         node: sweep.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
         ).remote(sorted(tags))
         for node, tags in by_node.items()
-        if tags and node in alive
+        if tags and node in live
     }
     ended: list[Ended] = []
     if not refs:
