@@ -9,6 +9,7 @@ import time
 
 import psutil
 
+from clients.leftovers import alive
 from tests.engines.tiny_model import PROMPT, TOKENS, weights
 
 
@@ -24,13 +25,6 @@ class Push:
         ]
         self.model_runner.model.load_weights(loaded)
         return len(loaded)
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 class Engine:
