@@ -109,5 +109,9 @@ def test_a_drained_and_an_evicted_node_cost_no_step(tmp_path):
     assert all(e["moved"] == {"actor": [0], "rollout": [0]} for e in moved)
     faults = {f["kind"]: f["at"] for f in run["faults"]}
     for fault, event in zip(("drain", "spot"), moved, strict=True):
-        assert faults[fault] < event["at"] < faults[fault] + notice  # before the deadline
+        # The old ranks were off the node before its deadline (the swap); the trainers'
+        # group forming again (the rejoin) may end after it: it needs no old node.
+        began = event["at"] - event["seconds"]
+        swapped = began + event["parts"]["swap"]
+        assert faults[fault] < began <= swapped < faults[fault] + notice, (fault, event)
     assert [m["epoch"] for m in run["steps"]][-1] == 3
