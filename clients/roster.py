@@ -23,11 +23,16 @@ from controller.state.assignments import Assignment
 
 class Launch:
     """What a group's workers are started with: the actor class, its constructor's
-    arguments, the user's environment and options, and per-rank keyword arguments."""
+    arguments, the user's environment and options, per-rank keyword arguments, and what
+    each start adds to a rank's environment (an engine's leased ports,
+    :func:`clients.engines.port_environment`)."""
 
-    def __init__(self, actor_cls, args, kwargs, env, actor_options, rank_kwargs) -> None:
+    def __init__(
+        self, actor_cls, args, kwargs, env, actor_options, rank_kwargs, per_rank_env=None
+    ) -> None:
         self.actor_cls, self.args, self.kwargs = actor_cls, args, kwargs
         self.env, self.actor_options, self.rank_kwargs = env, actor_options, rank_kwargs
+        self.per_rank_env = per_rank_env
 
 
 class Roster:
@@ -84,6 +89,8 @@ class Roster:
         name = name or worker_name(self.job, self.component, rank)
         tag = leftovers.new_tag(a.uid, name, self.detached)
         options["runtime_env"]["env_vars"][leftovers.TAG] = tag
+        if launch.per_rank_env is not None:
+            options["runtime_env"]["env_vars"].update(launch.per_rank_env(a))
         if self.detached:
             options.update(name=name, namespace=WORKER_NAMESPACE, lifetime="detached")
         actor = launch.actor_cls.options(**options).remote(

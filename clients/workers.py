@@ -12,6 +12,7 @@ import msgspec
 import ray
 
 from clients import verdict
+from clients.engines import port_environment
 from clients.launching import (
     RankKwargs,
     actor_class,
@@ -84,7 +85,10 @@ class WorkerGroup:
         reservation.wait_ready(timeout, progress=progress)
         assignments = reservation.assignments(component)
         rank_kwargs_for(rank_kwargs, len(assignments))  # checked before anything starts
-        launch = Launch(actor_class(worker_cls), args, kwargs, env, actor_options, rank_kwargs)
+        ports = port_environment(reservation, component, env)
+        launch = Launch(
+            actor_class(worker_cls), args, kwargs, env, actor_options, rank_kwargs, ports
+        )
         roster = Roster(reservation.job, component, [], [], detached, launch)
         roster.relaunch(list(range(len(assignments))), assignments)
         if wait:
@@ -132,7 +136,10 @@ class WorkerGroup:
             names.append(found[1] if found else None)
         launch = None
         if worker_cls is not None:
-            launch = Launch(actor_class(worker_cls), args, kwargs, env, actor_options, rank_kwargs)
+            ports = port_environment(reservation, component, env)
+            launch = Launch(
+                actor_class(worker_cls), args, kwargs, env, actor_options, rank_kwargs, ports
+            )
         roster = Roster(reservation.job, component, actors, assignments, True, launch, names)
         return cls(reservation, component, roster)
 

@@ -158,6 +158,11 @@ class LocalAutoscaler:
         self.period_s = period_s
         self.launched: dict[str, ProcessNode] = {}  # node id -> the node
         self._launching = 0  # nodes started whose node id is not known yet
+        # A real autoscaler starts a batch of nodes at once; this one starts them one by
+        # one, so the first idles while the others start. Idle time counts only from the
+        # last pass that saw demand or launched (on a loaded CI machine a first node of
+        # two idled past 15 s and went just before the group was placed on it).
+        self._demand_at = time.monotonic()
         self._names = itertools.count(1)
         self.terminated: list[str] = []
         self.log: list[tuple[float, str]] = []  # (time, what it did)
@@ -257,7 +262,9 @@ class LocalAutoscaler:
                 self._launching -= 1
             self.launched[node.node_id] = node
             self.log.append((time.time(), f"launched {node.node_id[:12]}"))
-        if not state.pending_gang_resource_requests and not state.pending_resource_requests:
+        if needed or state.pending_gang_resource_requests or state.pending_resource_requests:
+            self._demand_at = time.monotonic()
+        elif time.monotonic() - self._demand_at >= self.idle_timeout_s:
             self._terminate_idle(alive)  # never a node that pending demand may yet take
 
     def _new_nodes(self, state, slots: list[_Slot]) -> int:

@@ -35,7 +35,7 @@ def models(tmp_path_factory):
     return tiny_model.build(root / "m0", seed=0), tiny_model.build(root / "m1", seed=1)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # each module releases what it reserved
 def cluster():
     with local_cluster(1, gpus=2, env=ENV) as (c, _):
         yield c

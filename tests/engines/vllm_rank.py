@@ -32,9 +32,15 @@ class Engine:
     pids whose liveness the rank notes when it starts (a relaunch checks what its
     predecessor left)."""
 
-    def __init__(self, model: str, watch: str | None = None):
+    def __init__(self, model: str, watch: str | None = None, tensor_parallel_size: int = 1):
         from vllm import LLM
 
+        import clients.engines
+
+        # The cores the reservation gives this rank's engine workers (the ports came
+        # with the rank's environment: WorkerGroup leased them).
+        self.bind = clients.engines.vllm_environment(tensor_parallel_size)
+        os.environ.update(self.bind)
         self.found = {}
         if watch and os.path.exists(watch):
             with open(watch) as f:
@@ -46,6 +52,10 @@ class Engine:
             dtype="float32",
             max_model_len=128,
             seed=0,
+            tensor_parallel_size=tensor_parallel_size,
+            # Inside a Ray actor vLLM picks its Ray executor for tensor parallelism, which
+            # its CPU platform lacks ("does not support ray"): its own processes instead.
+            distributed_executor_backend="mp",
             worker_extension_cls="tests.engines.vllm_rank.Push",
         )
         self.up_s = time.monotonic() - started
@@ -73,7 +83,7 @@ class Engine:
         ]
 
     def started(self) -> dict:
-        return {"found": self.found, "up_s": self.up_s}
+        return {"found": self.found, "up_s": self.up_s, "bind": self.bind}
 
 
 class Trainer:

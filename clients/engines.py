@@ -1,0 +1,149 @@
+"""What an inference engine started by a placed rank takes from the reservation: its ports
+and, on a CPU build, the cores its workers bind.
+
+Ports. vLLM takes the ports of its own distributed setup upward from ``VLLM_PORT`` (the
+first free one at or above it), or from the kernel's ephemeral range without it: two
+engines on one node then pick in a race, and a port a trainer's ``MASTER_PORT`` lease
+holds is not theirs to know about. A :class:`clients.WorkerGroup` of a component with
+``engine: vllm`` therefore leases :data:`ENGINE_PORTS` consecutive ports on each rank's
+node before starting it (a lease named after the node, so a rank moved elsewhere leases
+there) and sets ``VLLM_PORT`` to the first. Nothing is asked of the user.
+
+Cores. vLLM's CPU build binds each of an engine's workers to a list of cores
+(``VLLM_CPU_OMP_THREADS_BIND``, ``"0-3|4-7"``: one list per worker); left to itself it
+binds one NUMA node per worker and refuses tensor parallelism 2 on a one-NUMA machine.
+Which cores a node has is known only on the node, so the rank asks for its share when it
+starts, before it creates the engine::
+
+    os.environ.update(clients.engines.vllm_environment())
+    llm = vllm.LLM(model, tensor_parallel_size=...)
+
+The share: the node's cores (those the rank may run on), split in equal runs between the
+component's processes on that node (``NODE_LOCAL_RANK`` of ``NODE_LOCAL_WORLD_SIZE``),
+then the rank's run split between its engine's workers. Two engines of one component on a
+node never bind the same core. The GPU build ignores the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from controller import PlacementError
+from controller.state.assignments import Assignment
+
+ENGINE_PORTS = 16  # vLLM takes 1-3 for one engine (its distributed init, data parallel)
+LEASE = "engine"
+PORT_VARIABLE = "VLLM_PORT"
+BIND_VARIABLE = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def share_of_cores(cores: Sequence[int], index: int, count: int, workers: int) -> list[list[int]]:
+    """Process ``index`` of ``count`` on a node: its run of ``cores`` (sorted, split in
+    equal runs, the remainder unused), split between its ``workers``.
+
+    Raises:
+        PlacementError: an index out of range, or fewer cores than the node's engines'
+            workers need (one each at least); the message gives both numbers.
+    """
+    if not 0 <= index < count:
+        raise PlacementError(
+            f"process {index} of {count} on the node: out of range (0-{count - 1})"
+        )
+    if workers < 1:
+        raise PlacementError(f"{workers} engine workers: expected at least 1")
+    ordered = sorted(set(cores))
+    per_process = len(ordered) // count
+    if per_process < workers:
+        raise PlacementError(
+            f"{len(ordered)} core(s) on this node for {count} engine process(es) of "
+            f"{workers} worker(s) each: every worker needs a core of its own; give the "
+            "engine fewer workers or its node more cores"
+        )
+    mine = ordered[index * per_process : (index + 1) * per_process]
+    per_worker = len(mine) // workers
+    return [mine[w * per_worker : (w + 1) * per_worker] for w in range(workers)]
+
+
+def bind_string(lists: list[list[int]]) -> str:
+    """vLLM's form: the workers' core lists, ``|`` between workers, ranges as ``a-b``."""
+    return "|".join(_ranges(cores) for cores in lists)
+
+
+def _ranges(cores: list[int]) -> str:
+    parts, start = [], None
+    for i, c in enumerate(cores):
+        if start is None:
+            start = c
+        if i + 1 == len(cores) or cores[i + 1] != c + 1:
+            parts.append(str(c) if c == start else f"{start}-{c}")
+            start = None
+    return ",".join(parts)
+
+
+def engine_workers(env: dict[str, str]) -> int:
+    """An engine rank's workers: one per accelerator it holds (its bundles), else one."""
+    held = env.get("PLACECTL_BUNDLE_INDICES", "")
+    return len(held.split(",")) if held else 1
+
+
+def vllm_environment(tensor_parallel_size: int | None = None) -> dict[str, str]:
+    """Inside a placed rank of an engine component: the variables its vLLM engine needs
+    from the reservation that ``WorkerGroup`` could not set before the rank started
+    (the cores, known only on the node). Apply them before creating the engine.
+
+    Args:
+        tensor_parallel_size: the engine's workers (default: one per accelerator the
+            rank holds).
+
+    Raises:
+        PlacementError: not a placectl worker, or too few cores (see
+            :func:`share_of_cores`).
+    """
+    env = os.environ
+    missing = [
+        k for k in ("PLACECTL_JOB", "NODE_LOCAL_RANK", "NODE_LOCAL_WORLD_SIZE") if k not in env
+    ]
+    if missing:
+        raise PlacementError(
+            f"not a placectl worker: {', '.join(missing)} not set in the environment"
+        )
+    workers = tensor_parallel_size or engine_workers(dict(env))
+    lists = share_of_cores(
+        sorted(os.sched_getaffinity(0)),
+        int(env["NODE_LOCAL_RANK"]),
+        int(env["NODE_LOCAL_WORLD_SIZE"]),
+        workers,
+    )
+    return {BIND_VARIABLE: bind_string(lists)}
+
+
+def port_environment(
+    reservation: Any, component: str, env: dict[str, str] | None
+) -> Callable[[Assignment], dict[str, str]] | None:
+    """For a :class:`clients.WorkerGroup` of ``component``: what each rank's start adds to
+    its environment (``VLLM_PORT`` from a lease on its node), or None when the component
+    runs no vLLM engine.
+
+    Raises:
+        PlacementError: the user's ``env`` sets ``VLLM_PORT`` for an engine component.
+    """
+    record = getattr(reservation, "_record", None)
+    spec = (
+        record.spec if record is not None else reservation.controller.record(reservation.job).spec
+    )
+    if spec.component(component).engine != "vllm":
+        return None
+    if env and PORT_VARIABLE in env:
+        raise PlacementError(
+            f"env sets {PORT_VARIABLE}={env[PORT_VARIABLE]!r} for {component!r}, an engine: "
+            "placectl leases each rank's engine ports on its node and sets it; remove it"
+        )
+
+    def ports(a: Assignment) -> dict[str, str]:
+        name = f"{LEASE}@{a.placement.node_id}"
+        leased = reservation.lease_ports(component, a.placement.rank, ENGINE_PORTS, True, name)
+        return {PORT_VARIABLE: str(leased[0])}
+
+    return ports

@@ -1,0 +1,128 @@
+"""What a real vLLM engine takes from the reservation, read from the OS: the ports its
+processes listen on are inside its rank's lease (two engines on one node: two leases, no
+port shared), and each of its workers runs bound to the cores placectl gave it (two
+engines: disjoint; tensor parallel 2 in one slot: a core list per worker). And they
+generate what transformers generates."""
+
+from __future__ import annotations
+
+import pathlib
+
+import psutil
+import pytest
+
+import clients
+from tests.engines import tiny_model
+from tests.engines.test_vllm import environ
+from tests.engines.vllm_rank import Engine
+
+EPHEMERAL = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range")
+TWO_ENGINES = {
+    "num_nodes": 2,
+    "component_placement": {"rollout": {"placement": "0-1", "engine": "vllm"}},
+}
+ONE_ENGINE_OF_TWO_WORKERS = {  # one rank holding both accelerators of the node
+    "num_nodes": 2,
+    "component_placement": {"rollout": {"placement": "0-1:0", "engine": "vllm"}},
+}
+
+
+def listening(pid: int) -> set[int]:
+    try:
+        conns = psutil.Process(pid).net_connections(kind="inet")
+    except psutil.NoSuchProcess:
+        return set()
+    return {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
+
+
+def id_list(text: str) -> list[int]:
+    """``"0-2,5"`` as the kernel and vLLM write core lists: [0, 1, 2, 5]."""
+    cores = []
+    for part in text.strip().split(","):
+        low, _, high = part.partition("-")
+        cores += range(int(low), int(high or low) + 1)
+    return cores
+
+
+def allowed_cores(pid: int) -> list[int]:
+    """The cores the OS lets the process's main thread run on."""
+    with open(f"/proc/{pid}/task/{pid}/status") as f:
+        line = next(x for x in f if x.startswith("Cpus_allowed_list:"))
+    return id_list(line.split(":", 1)[1])
+
+
+def workers(tree: list[dict]) -> list[dict]:
+    return sorted(
+        (p for p in tree if p["name"].startswith("VLLM::Worker")), key=lambda p: p["name"]
+    )
+
+
+@pytest.fixture
+def reserve(ctl):
+    jobs = []
+
+    def make(job, config):
+        jobs.append(job)
+        return ctl.reserve(job, config, timeout_s=120)
+
+    yield make
+    for job in jobs:
+        ctl.release(job)
+
+
+def test_two_engines_on_one_node_listen_on_their_own_leases_and_bind_their_own_cores(
+    reserve, ctl, models
+):
+    res = reserve("two-engines", TWO_ENGINES)
+    group = clients.WorkerGroup.launch(res, "rollout", Engine, str(models[0]))
+    try:
+        want = tiny_model.greedy(models[0])
+        assert group.execute("generate") == [want, want]
+        trees = group.execute("tree")
+        (node,) = {a.placement.node_id for a in res.assignments("rollout")}  # one node
+        leases = {
+            x.rank: set(x.ports)
+            for x in ctl.record("two-engines").leases
+            if x.purpose.endswith(f"engine@{node}")
+        }
+        assert sorted(leases) == [0, 1] and not leases[0] & leases[1]
+        low, high = map(int, EPHEMERAL.read_text().split())
+        seen, heard = [], []
+        for rank, tree in enumerate(trees):
+            for p in tree:  # what WorkerGroup set, as each engine process has it
+                assert int(environ(p["pid"])["VLLM_PORT"]) == min(leases[rank]), p
+            ports = set().union(*(listening(p["pid"]) for p in tree))
+            assert ports, f"rank {rank}'s engine listens on no port: {tree}"
+            # vLLM 0.32's CPU engine takes the ports of its own process groups from the
+            # kernel (its ephemeral range, where no lease is) and its fixed ones upward
+            # from VLLM_PORT: none is another engine's.
+            mine = {x for x in ports if not low <= x <= high}
+            assert mine <= leases[rank], (rank, sorted(ports), sorted(leases[rank]))
+            heard.append(ports)
+            (worker,) = workers(tree)
+            seen.append(allowed_cores(worker["pid"]))
+        assert not heard[0] & heard[1]
+        assert not set(seen[0]) & set(seen[1]), seen
+        binds = [s["bind"]["VLLM_CPU_OMP_THREADS_BIND"] for s in group.execute("started")]
+        assert seen == [id_list(b) for b in binds]
+    finally:
+        group.shutdown()
+
+
+def test_a_tensor_parallel_engine_binds_each_worker_to_its_own_cores(reserve, models):
+    res = reserve("two-workers", ONE_ENGINE_OF_TWO_WORKERS)
+    group = clients.WorkerGroup.launch(
+        res, "rollout", Engine, str(models[0]), tensor_parallel_size=2
+    )
+    try:
+        assert group.execute("generate") == [tiny_model.greedy(models[0])]
+        (tree,) = group.execute("tree")
+        pair = workers(tree)
+        assert len(pair) == 2, tree
+        cores = [allowed_cores(p["pid"]) for p in pair]
+        assert not set(cores[0]) & set(cores[1]), cores
+        (started,) = group.execute("started")
+        lists = started["bind"]["VLLM_CPU_OMP_THREADS_BIND"].split("|")
+        assert cores == [id_list(x) for x in lists]
+    finally:
+        group.shutdown()

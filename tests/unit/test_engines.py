@@ -1,0 +1,91 @@
+"""An engine's share of its node's cores and its leased ports (clients.engines). What vLLM
+does with them is checked against the real engine in tests/engines."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from clients import engines
+from controller import PlacementError
+from controller.planning.spec import load_spec
+
+SPEC = load_spec(
+    {
+        "num_nodes": 1,
+        "component_placement": {"actor": "0", "rollout": {"placement": "1", "engine": "vllm"}},
+    }
+)
+
+
+def test_engines_of_one_node_get_disjoint_runs_split_between_their_workers():
+    cores = list(range(16))
+    lists = [engines.share_of_cores(cores, i, 2, 2) for i in range(2)]
+    assert lists == [[[0, 1, 2, 3], [4, 5, 6, 7]], [[8, 9, 10, 11], [12, 13, 14, 15]]]
+    # cores a container or Ray left the process need not start at 0 or be contiguous
+    assert engines.share_of_cores([9, 3, 5, 7, 3], 0, 1, 2) == [[3, 5], [7, 9]]
+    assert engines.share_of_cores(range(7), 2, 3, 1) == [[4, 5]]  # the remainder unused
+
+
+def test_too_few_cores_is_an_error_with_both_numbers():
+    with pytest.raises(PlacementError, match=r"2 core\(s\) on this node for 2 engine process"):
+        engines.share_of_cores([0, 1], 0, 2, 2)
+    with pytest.raises(PlacementError, match=r"process 2 of 2 on the node: out of range \(0-1\)"):
+        engines.share_of_cores(range(8), 2, 2, 1)
+    with pytest.raises(PlacementError, match="0 engine workers"):
+        engines.share_of_cores(range(8), 0, 1, 0)
+
+
+def test_the_bind_string_is_vllms_form():
+    assert engines.bind_string([[0, 1, 2], [3]]) == "0-2|3"
+    assert engines.bind_string([[0, 2, 3, 7]]) == "0,2-3,7"
+
+
+def test_a_rank_takes_its_share_of_the_cores_it_may_run_on(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6, 7})
+    env = {
+        "PLACECTL_JOB": "j",
+        "NODE_LOCAL_RANK": "1",
+        "NODE_LOCAL_WORLD_SIZE": "2",
+        "PLACECTL_BUNDLE_INDICES": "2,3",
+    }
+    monkeypatch.setattr(os, "environ", env)
+    assert engines.vllm_environment() == {"VLLM_CPU_OMP_THREADS_BIND": "6|7"}  # 2 bundles
+    assert engines.vllm_environment(1) == {"VLLM_CPU_OMP_THREADS_BIND": "6-7"}
+    monkeypatch.setattr(os, "environ", {"PLACECTL_JOB": "j"})
+    with pytest.raises(PlacementError, match="not a placectl worker: NODE_LOCAL_RANK"):
+        engines.vllm_environment()
+
+
+class _Reservation:
+    def __init__(self):
+        self._record = SimpleNamespace(spec=SPEC)
+        self.calls = []
+
+    def lease_ports(self, component, rank, count, consecutive, name):
+        self.calls.append((component, rank, count, consecutive, name))
+        return list(range(30000, 30000 + count))
+
+
+def _assignment(node: str, rank: int = 0):
+    return SimpleNamespace(placement=SimpleNamespace(node_id=node, rank=rank))
+
+
+def test_an_engine_ranks_port_comes_from_a_lease_on_its_node():
+    res = _Reservation()
+    assert engines.port_environment(res, "actor", None) is None  # not an engine
+    ports = engines.port_environment(res, "rollout", {"OTHER": "1"})
+    assert ports(_assignment("n1")) == {"VLLM_PORT": "30000"}
+    assert ports(_assignment("n2")) == {"VLLM_PORT": "30000"}
+    # one lease per node: a rank moved to another node leases there
+    assert res.calls == [
+        ("rollout", 0, engines.ENGINE_PORTS, True, "engine@n1"),
+        ("rollout", 0, engines.ENGINE_PORTS, True, "engine@n2"),
+    ]
+
+
+def test_the_user_cannot_set_an_engines_port():
+    with pytest.raises(PlacementError, match=r"env sets VLLM_PORT='8000' for 'rollout'"):
+        engines.port_environment(_Reservation(), "rollout", {"VLLM_PORT": "8000"})
