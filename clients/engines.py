@@ -129,11 +129,7 @@ def port_environment(
     Raises:
         PlacementError: the user's ``env`` sets ``VLLM_PORT`` for an engine component.
     """
-    record = getattr(reservation, "_record", None)
-    spec = (
-        record.spec if record is not None else reservation.controller.record(reservation.job).spec
-    )
-    if spec.component(component).engine != "vllm":
+    if reservation.spec.component(component).engine != "vllm":
         return None
     if env and PORT_VARIABLE in env:
         raise PlacementError(

@@ -25,6 +25,7 @@ from controller.state.status import ReservationInfo, summarize
 
 if TYPE_CHECKING:
     from clients.session import Controller
+    from controller.planning.spec import ClusterSpec
 
 _BLOCK = msgspec.msgpack.Decoder(ComponentBlock)
 PROGRESS_PERIOD_S = 5.0
@@ -84,6 +85,13 @@ class Reservation:
     @property
     def state(self) -> str:
         return self._record.state if self._record is not None else self.info.state
+
+    @property
+    def spec(self) -> ClusterSpec:
+        """The configuration the reservation holds (read once if only summarised)."""
+        if self._record is None:
+            self._refresh_record()
+        return self._record.spec
 
     @property
     def components(self) -> list[str]:

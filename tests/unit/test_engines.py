@@ -61,7 +61,7 @@ def test_a_rank_takes_its_share_of_the_cores_it_may_run_on(monkeypatch):
 
 class _Reservation:
     def __init__(self):
-        self._record = SimpleNamespace(spec=SPEC)
+        self.spec = SPEC
         self.calls = []
 
     def lease_ports(self, component, rank, count, consecutive, name):
