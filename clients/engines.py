@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from controller import PlacementError
+from controller.planning.ranks import format_ranks
 from controller.state.assignments import Assignment
 
 ENGINE_PORTS = 16  # vLLM takes 1-3 for one engine (its distributed init, data parallel)
@@ -68,18 +69,7 @@ def share_of_cores(cores: Sequence[int], index: int, count: int, workers: int) -
 
 def bind_string(lists: list[list[int]]) -> str:
     """vLLM's form: the workers' core lists, ``|`` between workers, ranges as ``a-b``."""
-    return "|".join(_ranges(cores) for cores in lists)
-
-
-def _ranges(cores: list[int]) -> str:
-    parts, start = [], None
-    for i, c in enumerate(cores):
-        if start is None:
-            start = c
-        if i + 1 == len(cores) or cores[i + 1] != c + 1:
-            parts.append(str(c) if c == start else f"{start}-{c}")
-            start = None
-    return ",".join(parts)
+    return "|".join(format_ranks(cores) for cores in lists)
 
 
 def engine_workers(env: dict[str, str]) -> int:

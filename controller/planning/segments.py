@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from controller.errors import PlacementError
 from controller.planning.cluster import ClusterView
 from controller.planning.placement import Placement
+from controller.planning.ranks import format_ranks
 from controller.planning.spec_model import SegmentRule
 from controller.planning.topology import GPU_DOMAIN_LABEL, RACK_LABEL, place_of
 
@@ -23,17 +24,6 @@ HOW_TO_STATE = {
     "nvlink-domain": f"the label {GPU_DOMAIN_LABEL} or NeMo-RL's resource nvlink_domain_<id>",
     "rack": f"the label {RACK_LABEL}",
 }
-
-
-def _ranges(ranks: Sequence[int]) -> str:
-    out, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            out.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return ",".join(out)
 
 
 def check_segments(
@@ -64,13 +54,13 @@ def check_segments(
         what = f"{component}: processes {start}-{start + k - 1} (topology.segment {k})"
         if "" in by_place:
             raise PlacementError(
-                f"{what} run on node rank(s) {_ranges(by_place[''])}, which state no {noun}; "
+                f"{what} run on node rank(s) {format_ranks(by_place[''])}, which state no {noun}; "
                 f"give every node {HOW_TO_STATE[rule.within]}, or remove topology from "
                 f"{component}"
             )
         if len(by_place) > 1:
             listed = ", ".join(
-                f"{place} (node rank {_ranges(nodes)})" for place, nodes in by_place.items()
+                f"{place} (node rank {format_ranks(nodes)})" for place, nodes in by_place.items()
             )
             raise PlacementError(
                 f"{what} span {noun}s {listed}; place each {k} consecutive processes on "
