@@ -33,6 +33,7 @@ from typing import Any
 from controller import PlacementError
 from controller.planning.ranks import format_ranks
 from controller.state.assignments import Assignment
+from controller.state.environment import VLLM
 
 ENGINE_PORTS = 16  # vLLM takes 1-3 for one engine (its distributed init, data parallel)
 LEASE = "engine"
@@ -99,7 +100,7 @@ def vllm_environment(tensor_parallel_size: int | None = None) -> dict[str, str]:
         raise PlacementError(
             f"not a placectl worker: {', '.join(missing)} not set in the environment"
         )
-    workers = tensor_parallel_size or engine_workers(dict(env))
+    workers = engine_workers(dict(env)) if tensor_parallel_size is None else tensor_parallel_size
     lists = share_of_cores(
         sorted(os.sched_getaffinity(0)),
         int(env["NODE_LOCAL_RANK"]),
@@ -119,7 +120,7 @@ def port_environment(
     Raises:
         PlacementError: the user's ``env`` sets ``VLLM_PORT`` for an engine component.
     """
-    if reservation.spec.component(component).engine != "vllm":
+    if reservation.spec.component(component).engine != VLLM:
         return None
     if env and PORT_VARIABLE in env:
         raise PlacementError(

@@ -54,6 +54,8 @@ def test_a_rank_takes_its_share_of_the_cores_it_may_run_on(monkeypatch):
     monkeypatch.setattr(os, "environ", env)
     assert engines.vllm_environment() == {"VLLM_CPU_OMP_THREADS_BIND": "6|7"}  # 2 bundles
     assert engines.vllm_environment(1) == {"VLLM_CPU_OMP_THREADS_BIND": "6-7"}
+    with pytest.raises(PlacementError, match="0 engine workers: expected at least 1"):
+        engines.vllm_environment(0)
     monkeypatch.setattr(os, "environ", {"PLACECTL_JOB": "j"})
     with pytest.raises(PlacementError, match="not a placectl worker: NODE_LOCAL_RANK"):
         engines.vllm_environment()
