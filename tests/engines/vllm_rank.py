@@ -38,8 +38,10 @@ class Engine:
         import clients.engines
 
         # The cores the reservation gives this rank's engine workers (the ports came
-        # with the rank's environment: WorkerGroup leased them).
-        self.bind = clients.engines.vllm_environment(tensor_parallel_size)
+        # with the rank's environment: WorkerGroup leased them). A plain Ray actor (the
+        # benchmark's baseline) keeps vLLM's own binding.
+        placed = "PLACECTL_JOB" in os.environ
+        self.bind = clients.engines.vllm_environment(tensor_parallel_size) if placed else {}
         os.environ.update(self.bind)
         self.found = {}
         if watch and os.path.exists(watch):
