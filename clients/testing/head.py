@@ -94,14 +94,19 @@ class FaultTolerantCluster(Cluster):
 
     Args:
         redis: the store of the GCS's tables.
-        head_args: arguments of the head node (a fixed ``gcs_server_port`` is added).
+        head_args: arguments of the head node (a fixed ``gcs_server_port`` is added;
+            Ray's dashboard is off unless they say, as in ``local_cluster``).
     """
 
     def __init__(self, redis: RedisServer, head_args: dict | None = None) -> None:
         self.redis = redis
         # Every process this one starts (GCS, raylets, workers) inherits the address.
         os.environ["RAY_REDIS_ADDRESS"] = redis.address
-        self.head_args = {**(head_args or {}), "gcs_server_port": free_port()}
+        self.head_args = {
+            "include_dashboard": False,
+            **(head_args or {}),
+            "gcs_server_port": free_port(),
+        }
         super().__init__(initialize_head=True, head_node_args=self.head_args)
 
     def connect(self) -> None:
