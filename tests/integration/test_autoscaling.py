@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
 
 import clients
 from clients.testing.autoscaler import LocalAutoscaler
@@ -58,16 +57,6 @@ def test_a_reservation_on_a_cluster_with_no_gpu_node_gets_its_nodes_and_gives_th
     assert not launched & alive
 
 
-def test_a_plain_placement_group_gets_its_nodes_from_the_same_autoscaler(cluster):
-    """The baseline the reservation is measured against (scripts/bench/bench_autoscaling.py)."""
-    with LocalAutoscaler(cluster, idle_timeout_s=IDLE_S) as scaler:
-        pg = placement_group([{"GPU": 1, "CPU": 1}] * 8, strategy="PACK")
-        assert pg.wait(timeout_seconds=120)
-        assert len(scaler.settle()) == 2
-        remove_placement_group(pg)
-        wait_for(lambda: len(scaler.terminated) == 2, timeout=60)
-
-
 def test_a_lost_node_without_a_spare_is_replaced_by_a_node_the_autoscaler_adds(cluster, ctl):
     with LocalAutoscaler(cluster, idle_timeout_s=IDLE_S) as scaler:
         res = ctl.reserve("lose", spec(), timeout_s=120)
@@ -82,8 +71,7 @@ def test_a_lost_node_without_a_spare_is_replaced_by_a_node_the_autoscaler_adds(c
         assert {where[r] for r in doomed} == {new}  # per Ray: on the node it added
         assert demand_groups() == {}
         group.shutdown()
-        ctl.release("lose")
-        wait_for(lambda: not scaler.running(), timeout=60)
+        ctl.release("lose")  # the nodes given back: the first test (here, on leaving)
 
 
 def test_an_evicted_node_without_a_spare_moves_to_a_new_node_before_it_goes(cluster, ctl):

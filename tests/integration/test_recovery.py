@@ -58,7 +58,10 @@ def check_group(res: Reservation, group: clients.WorkerGroup) -> None:
     assert {n for n, _, _ in seen} <= alive_nodes()
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.0, 1.0, 0.0, 1.0])
+# Repeated: a race between the removal and the call shows only some of the time. Three
+# runs (five until CI's time ran short; the unit tests run the same flow on the fake
+# cluster, test_abrupt and test_figures an abrupt death each).
+@pytest.mark.parametrize("delay", [0.0, 1.0, 0.0])
 def test_repair_the_instant_a_node_is_gone_relaunches_exactly_the_lost_ranks(cluster, ctl, delay):
     res = ctl.reserve("instant", spec(), timeout_s=60)
     group = clients.WorkerGroup.launch(res, "actor", Worker)

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -99,8 +98,18 @@ def test_rlinf_workers_in_the_reservation_through_driver_kill_and_node_loss(rl_c
     c, nodes = rl_cluster
     ctl = clients.connect()
     try:
-        # 1. A driver reserves (RLinf's example block) and launches RLinf's own groups.
-        first = _run(c.address, tmp_path / "first.json")
+        # 1. A driver reserves (RLinf's example block), launches RLinf's own groups and
+        #    stays up holding them.
+        held = tmp_path / "first.json"
+        p = _driver(c.address, held, hold=True)
+        said = []
+        for line in p.stdout:  # written when it says so, then it holds (pytest-timeout
+            said.append(line)  # ends a driver that never does)
+            if line.startswith("driver: written"):
+                break
+        else:
+            raise AssertionError(f"the driver ended before writing: {''.join(said)[-4000:]}")
+        first = json.loads(held.read_text())
         res = ctl.reservation(JOB)
         _check_against_ray_and_placectl(first, res)
         colocated = {f["node_id"] for k in ("env", "rollout") for f in first["facts"][k]}
@@ -109,12 +118,6 @@ def test_rlinf_workers_in_the_reservation_through_driver_kill_and_node_loss(rl_c
 
         # 2. The driver is killed; its workers die with it; a new driver relaunches
         #    into the kept reservation: same bundles, new actors.
-        p = _driver(c.address, tmp_path / "held.json", hold=True)
-        deadline = time.monotonic() + 400
-        while not (tmp_path / "held.json").exists():
-            assert p.poll() is None, p.stdout.read()[-4000:]
-            assert time.monotonic() < deadline
-            time.sleep(0.5)
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=60)
         again = _run(c.address, tmp_path / "again.json")

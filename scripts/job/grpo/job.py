@@ -122,6 +122,11 @@ class Job:
         """Every trainer rank re-forms the process group and restores the last
         committed step; every rollout worker takes its weights."""
         last = self.ckpt.committed()
+        # Every old group down before any rank forms the new one: a rank that joined
+        # while rank 0 still finished an old call (a driver killed with the step's
+        # updates in flight) met rank 0's old store at the same MASTER_PORT, read the
+        # old group's addresses there and failed with "connection refused".
+        gather([t.leave.remote() for t in self.groups["actor"].actors])
         gather([t.join.remote(last) for t in self.groups["actor"].actors])
         self._publish_weights()
 
