@@ -201,7 +201,9 @@ def _status(ctl, job):
 )
 @click.option("--interval", type=float, default=1.0, show_default=True, help="With --watch.")
 def status(job, address, output, as_json, watch_, interval) -> None:
-    """List reservations, or show JOB's map with real IPs and physical accelerator ids."""
+    """List reservations, or show JOB's map with real IPs and physical accelerator ids.
+    The list also names, on stderr, placement groups that wait outside every
+    reservation."""
     output = fmt(output, as_json)
     ctl = connect(address)
     health = ctl.health()
@@ -211,6 +213,8 @@ def status(job, address, output, as_json, watch_, interval) -> None:
             f"{health['refusal']}"
         )
     warn_head(health)
+    if job is None:
+        warn_outside(ctl)
 
     def show() -> str:
         data, table = _status(ctl, job)
@@ -223,6 +227,16 @@ def status(job, address, output, as_json, watch_, interval) -> None:
         watch(show, interval, output)
     else:
         click.echo(show())
+
+
+def warn_outside(ctl) -> None:
+    """Name, on stderr, each placement group that waits outside every reservation (an
+    engine or a job that asked Ray for accelerators the reservations hold)."""
+    from clients import outside
+
+    groups, held = outside.read(ctl)
+    for group in groups:
+        click.echo(f"warning: {outside.describe(group, held)}", err=True)
 
 
 def _one_line(info) -> str:

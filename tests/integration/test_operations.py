@@ -220,3 +220,36 @@ def test_the_upgrade_procedure_keeps_reservations_workers_history_and_quotas(met
     assert ctl.quotas()["kept-queue"] == {"GPU": 4.0}
     ctl.release("kept")
     assert ctl.events("kept")[-1].seq > seqs[-1]  # numbered on after the restart
+
+
+def test_status_names_a_group_that_waits_outside_every_reservation(metrics_cluster):
+    """An engine started outside placectl asks Ray for GPUs the reservations hold (vLLM's
+    Ray executor makes a group of its own, as here); `placectl status` says so, with
+    Ray's reason, until the group goes."""
+    from ray.util.placement_group import (
+        placement_group,
+        placement_group_table,
+        remove_placement_group,
+    )
+
+    cluster, _ = metrics_cluster
+    ctl = clients.connect()
+    ctl.reserve("holder", spec("0-7"), timeout_s=120)
+    engine = placement_group([{"GPU": 1, "CPU": 1}] * 2, name="vllm-outside")
+    try:
+        gid = engine.id.hex()
+        wait_for(lambda: placement_group_table(engine)["stats"]["scheduling_attempt"] > 0)
+        assert placement_group_table(engine)["state"] == "PENDING"  # per Ray: it waits
+        shown = cli(cluster.address, "status")
+        assert shown.returncode == 0, shown.stderr
+        (line,) = [x for x in shown.stderr.splitlines() if "waits outside" in x]
+        assert f"'vllm-outside' ({gid[:8]})" in line and "2 GPU" in line, line
+        why = placement_group_table(engine)["stats"]["scheduling_state"]
+        assert f"Ray: PENDING, {why}" in line, line
+        total = ray.cluster_resources()["GPU"]
+        assert f"reservations hold 8 of {total:g} GPU" in line, line
+    finally:
+        remove_placement_group(engine)
+    shown = cli(cluster.address, "status")
+    assert "waits outside" not in shown.stderr and "holder" in shown.stdout
+    ctl.release("holder")
