@@ -234,7 +234,11 @@ def warn_outside(ctl) -> None:
     engine or a job that asked Ray for accelerators the reservations hold)."""
     from clients import outside
 
-    groups, held = outside.read(ctl)
+    try:
+        groups, held = outside.read(ctl)
+    except Exception as e:  # the list above it is still worth showing
+        click.echo(f"warning: could not read Ray's placement groups: {e}", err=True)
+        return
     for group in groups:
         click.echo(f"warning: {outside.describe(group, held)}", err=True)
 
