@@ -24,10 +24,11 @@ pip_install() {  # what: a name for the error; then pip's arguments
   local what=$1 log
   shift
   log=$(mktemp)
-  # --no-compile: pip byte-compiles every file it installs (torch's thousands), which
-  # took 44% of a demo install (66 s, 37 s without); Python compiles what is imported,
-  # once, on first use.
-  if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile "$@" >"$log" 2>&1; then
+  # Not --no-compile, though it makes a demo install 66 s -> 37 s: where nothing writes
+  # bytecode (PYTHONDONTWRITEBYTECODE=1, as on this project's machines) every process
+  # then compiles what it imports at every start: repair() after a node loss took
+  # 9-13 s instead of 3-4 s.
+  if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" >"$log" 2>&1; then
     grep -v "^WARNING: Location" "$log" | tail -n 25 >&2
     rm -f "$log"
     echo "install failed: $what (pip install $*)" >&2
