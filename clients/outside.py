@@ -61,22 +61,18 @@ def describe(group: Waiting, held: dict[str, tuple[float, float]]) -> str:
     asks for how much of the cluster's the reservations hold (``held``: resource ->
     (held by reservations, the cluster's total))."""
     label = f"{group.name!r} ({group.group_id[:8]})" if group.name else group.group_id[:8]
-    asks = ", ".join(f"{_amount(v)} {k}" for k, v in sorted(group.resources.items()))
+    asks = ", ".join(f"{v:g} {k}" for k, v in sorted(group.resources.items()))
     line = (
         f"placement group {label} waits outside any reservation for {asks or 'nothing'} "
         f"(Ray: {group.state}, {group.why or 'no reason given'}, "
         f"{group.attempts} attempt(s))"
     )
     holds = [
-        f"reservations hold {_amount(h)} of {_amount(t)} {k}"
+        f"reservations hold {h:g} of {t:g} {k}"
         for k, (h, t) in sorted(held.items())
         if k in group.resources
     ]
     return line + (": " + "; ".join(holds) if holds else "")
-
-
-def _amount(value: float) -> str:
-    return f"{value:g}"
 
 
 def read(ctl: Any) -> tuple[list[Waiting], dict[str, tuple[float, float]]]:
