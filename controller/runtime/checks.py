@@ -127,6 +127,8 @@ class Checker:
             cause = found[0].cause if found else ""
             if state == res.state == DEGRADED:
                 return  # while degraded, the repair owns the reason
+            if state == READY and res.preempt_at:
+                reason = res.reason  # the deadline's explanation stays until release
             if state == DEGRADED and res.repair == MANUAL:
                 reason += f"; repair policy is manual: run `placectl repair {job}`"
             if (state, reason, cause) == (res.state, res.reason, res.cause):

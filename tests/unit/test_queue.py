@@ -311,6 +311,27 @@ def test_a_preemptible_reservation_is_released_at_its_deadline_for_a_higher_prio
     run(go())
 
 
+def test_a_health_check_of_a_preempted_reservation_keeps_its_deadlines_reason():
+    async def go():
+        fake = cluster(gpu_nodes=1)
+        ctl = await controller(fake)
+        await ctl.reserve("low", q("0-3", num_nodes=2), 5, preemptible=True, preempt_grace_s=60)
+        vip = asyncio.create_task(
+            ctl.reserve("vip", q("0-3", num_nodes=2), 30, queue="q", priority=5)
+        )
+        rec = await until(lambda: (r := stored(fake, "low")) is not None and r.preempt_at and r)
+        # The periodic check finds every group CREATED: ready, yet still leaving.
+        table = await fake.groups(sorted(rec.group_ids()))
+        await ctl.ops.checker.check("low", table)
+        after = stored(fake, "low")
+        assert after.state == "ready" and after.reason == rec.reason
+        assert "preempted for 'vip'" in info(await ctl.status("low")).reason
+        vip.cancel()
+        await ctl.stop()
+
+    run(go())
+
+
 def test_what_is_not_preemptible_or_of_higher_priority_is_never_taken():
     async def go():
         fake = cluster(gpu_nodes=2)
