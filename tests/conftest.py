@@ -6,6 +6,12 @@ reason, so a missing package (verl, RLinf, OpenRLHF, torch, a Redis server, what
 comes next), or one of their own dependencies that failed to install, fails the run
 instead of leaving it green with the tests unrun. A test that may skip on a machine of
 another kind says so with ``@pytest.mark.may_skip``.
+
+CI runs the unit tests twice over the same checkout: in an environment of the ``dev``
+extra alone (``scripts/fresh``), then in the full one. ``PLACECTL_PASSED_LOG=FILE`` has a
+run write the ids of the tests it passed to FILE; ``PLACECTL_SKIP_PASSED=FILE`` has a
+later run leave those out (and say how many), so the second run spends its time only on
+what the first skipped or could not run.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import sys
 import pytest
 
 NO_SKIPS = os.environ.get("PLACECTL_NO_SKIPS", "") not in ("", "0")
+PASSED_LOG = os.environ.get("PLACECTL_PASSED_LOG", "")
+SKIP_PASSED = os.environ.get("PLACECTL_SKIP_PASSED", "")
 UNIT_TIMEOUT_S = 60
 
 
@@ -25,10 +33,28 @@ def pytest_configure(config):
     )
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     for item in items:
         if "tests/unit/" in item.nodeid and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(UNIT_TIMEOUT_S))
+    if SKIP_PASSED:
+        with open(SKIP_PASSED) as f:
+            passed = set(f.read().splitlines())
+        left = [i for i in items if i.nodeid in passed]
+        items[:] = [i for i in items if i.nodeid not in passed]
+        config.hook.pytest_deselected(items=left)
+        print(f"\n{len(left)} tests left out: they passed earlier in this run ({SKIP_PASSED})")
+
+
+_PASSED: set[str] = set()
+_FAILED: set[str] = set()
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        _FAILED.add(report.nodeid)
+    elif report.when == "call" and report.passed:
+        _PASSED.add(report.nodeid)
 
 
 def _refuse(report, where: str) -> None:
@@ -63,6 +89,9 @@ _SESSION: list = []
 
 def pytest_sessionfinish(session, exitstatus):
     _SESSION.append(session)
+    if PASSED_LOG:
+        with open(PASSED_LOG, "a") as f:
+            f.writelines(f"{nodeid}\n" for nodeid in sorted(_PASSED - _FAILED))
 
 
 @pytest.hookimpl(trylast=True)
