@@ -1,4 +1,10 @@
-"""A real local multi-node Ray cluster with fake GPUs, one per test module."""
+"""A real local multi-node Ray cluster with fake GPUs, one per test module: a module's own
+(its ``cluster`` fixture, for a shape or Ray settings of its own, or one it damages), or
+the default one, which the modules that use it share. Those modules run one after
+another, first (:func:`pytest_collection_modifyitems`), and each releases what it
+reserved (``ctl``); the default cluster is shut down before the first module with a
+cluster of its own starts, since one process connects to one Ray cluster at a time.
+Starting a cluster costs 10-14 s of CI's two cores; sharing saves six of them."""
 
 from __future__ import annotations
 
@@ -22,9 +28,47 @@ GPU_NODES = 2
 GPUS_PER_NODE = 4
 
 
+def _uses_default(item) -> bool:
+    """Whether ``item`` runs on the default cluster (this file's ``cluster`` fixture)."""
+    defs = item._fixtureinfo.name2fixturedefs.get("cluster")
+    return bool(defs) and defs[-1].func is _default_cluster
+
+
+_SHARING: set[str] = set()  # the modules of the default cluster
+
+
+def _shares(item) -> bool:
+    return item.nodeid.split("::")[0] in _SHARING
+
+
 def pytest_collection_modifyitems(items):
-    for item in items:
+    here = [i for i in items if i.nodeid.startswith("tests/integration/")]
+    for item in here:
         item.add_marker(pytest.mark.integration)
+    _SHARING.update(i.nodeid.split("::")[0] for i in here if _uses_default(i))
+    # The default cluster's modules first, each whole and in its order; the others after.
+    ordered = [i for i in here if _shares(i)] + [i for i in here if not _shares(i)]
+    at = iter(ordered)
+    items[:] = [next(at) if i.nodeid.startswith("tests/integration/") else i for i in items]
+
+
+_DEFAULT: list = []  # (the default cluster's context, the cluster) while it runs
+
+
+def _default_cluster():
+    """Head (no GPUs) + two nodes of 4 fake GPUs and 4 CPUs each, shared."""
+    if not _DEFAULT:
+        context = local_cluster()
+        _DEFAULT.append((context, next(context)))
+    yield _DEFAULT[0][1]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    if _DEFAULT and (nextitem is None or not _shares(nextitem)):
+        context, _ = _DEFAULT.pop()
+        context.close()  # the generator's exit: the cluster shut down, Ray disconnected
 
 
 def local_cluster(gpu_nodes: int = GPU_NODES):
@@ -47,10 +91,7 @@ def site_cluster(site: str, head: dict, gpu_nodes: int, env: dict | None = None)
         yield c, nodes
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """Head (no GPUs) + two nodes of 4 fake GPUs and 4 CPUs each."""
-    yield from local_cluster()
+cluster = pytest.fixture(scope="module", name="cluster")(_default_cluster)
 
 
 @pytest.fixture(scope="module")
