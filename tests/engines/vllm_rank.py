@@ -1,6 +1,6 @@
-"""A rollout rank that is a real vLLM engine, a trainer rank that pushes it new weights,
-and the worker extension through which vLLM's own workers take them (as verl and
-OpenRLHF add theirs: ``worker_extension_cls``, then ``collective_rpc``)."""
+"""A rollout rank that is a real vLLM engine, and a trainer rank that pushes it new weights
+through the worker extension of :mod:`clients.testing.tiny_model` (as verl and OpenRLHF
+add theirs: ``worker_extension_cls``, then ``collective_rpc``)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,8 @@ import time
 import psutil
 
 from clients.leftovers import alive
+from clients.testing.tiny_model import EXTENSION
 from tests.engines.tiny_model import PROMPT, TOKENS, weights
-
-
-class Push:
-    """Mixed into every vLLM worker: load weights sent as (dtype, shape, bytes)."""
-
-    def push(self, named: dict) -> int:
-        import torch
-
-        loaded = [
-            (n, torch.frombuffer(bytearray(b), dtype=getattr(torch, d)).reshape(s))
-            for n, (d, s, b) in named.items()
-        ]
-        self.model_runner.model.load_weights(loaded)
-        return len(loaded)
 
 
 class Engine:
@@ -58,7 +45,7 @@ class Engine:
             # Inside a Ray actor vLLM picks its Ray executor for tensor parallelism, which
             # its CPU platform lacks ("does not support ray"): its own processes instead.
             distributed_executor_backend="mp",
-            worker_extension_cls="tests.engines.vllm_rank.Push",
+            worker_extension_cls=EXTENSION,
         )
         self.up_s = time.monotonic() - started
 

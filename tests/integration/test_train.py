@@ -6,41 +6,11 @@ and losses do not care what placectl believes."""
 
 from __future__ import annotations
 
-import json
-import pathlib
-import subprocess
-import sys
+from tests.training import train
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The figure the docs state for an abrupt node loss: the next step finished 6.2 s after
 # it (starting over: 24.2 s; Ray's own detection alone 16.5 s). Bound for 2 loaded cores.
 NEXT_STEP_AFTER_NODE_LOSS_S = 16.0
-
-
-def train(tmp_path, steps: int, faults: str, *extra: str) -> dict:
-    """Run train.py with --compare; both runs' records, checked equal step by step."""
-    records = tmp_path / "runs.json"
-    cmd = [
-        sys.executable,
-        str(ROOT / "scripts" / "job" / "train.py"),
-        f"--steps={steps}",
-        f"--faults={faults}",
-        "--compare",
-        f"--json={records}",
-        f"--out={tmp_path}",
-        *extra,
-    ]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    runs = json.loads(records.read_text())["runs"]
-    reference, faulted = runs["fault-free"]["steps"], runs["placectl"]["steps"]
-    want = list(range(1, steps + 1))
-    assert [m["step"] for m in faulted] == [m["step"] for m in reference] == want
-    for a, b in zip(reference, faulted, strict=True):
-        assert (a["reward"], a["exact"]) == (b["reward"], b["exact"]), a["step"]
-        assert abs(a["loss"] - b["loss"]) <= 1e-6, a["step"]
-    assert reference[-1]["reward"] > reference[0]["reward"]  # it learns
-    return runs
 
 
 def test_a_run_through_every_kind_of_fault_ends_equal_to_a_fault_free_run(tmp_path):

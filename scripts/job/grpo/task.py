@@ -38,6 +38,10 @@ class Policy(torch.nn.Module):
     def start(self, target: torch.Tensor):
         return self.target(target), torch.full_like(target, BOS)
 
+    def pushed(self) -> dict[str, torch.Tensor]:
+        """What rollout workers take after an update: every tensor."""
+        return self.state_dict()
+
     def forward(self, target: torch.Tensor, digits: torch.Tensor) -> torch.Tensor:
         """The log-probability of each row of ``digits`` given its target."""
         h, prev = self.start(target)
@@ -49,8 +53,13 @@ class Policy(torch.nn.Module):
         return logp
 
 
-def build(config: TrainConfig) -> tuple[Policy, torch.optim.Optimizer]:
-    """The initial policy and optimizer of a run: the same on every rank."""
+def build(config: TrainConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The initial policy and optimizer of a run: the same on every rank (the language
+    model of :mod:`grpo.lm` when vLLM engines roll out)."""
+    if config.rollout == "vllm":
+        from grpo import lm
+
+        return lm.build(config)
     torch.manual_seed(config.seed)
     policy = Policy(config.hidden)
     return policy, torch.optim.Adam(policy.parameters(), lr=config.lr)
@@ -69,10 +78,15 @@ def targets(config: TrainConfig, step: int) -> list[int]:
     return torch.randint(0, MAX_TARGET + 1, (config.prompts,), generator=g).tolist()
 
 
+def seed_of(config: TrainConfig, step: int, index: int) -> int:
+    """The seed of prompt ``index``'s samples at ``step``."""
+    return _mix(config.seed, step, index)
+
+
 @torch.no_grad()
 def sample(policy: Policy, config: TrainConfig, step: int, index: int, target: int) -> list:
     """The group of samples of prompt ``index`` at ``step``: ``samples`` lists of digits."""
-    g = torch.Generator().manual_seed(_mix(config.seed, step, index))
+    g = torch.Generator().manual_seed(seed_of(config, step, index))
     t = torch.full((config.samples,), target)
     h, prev = policy.start(t)
     out = []

@@ -113,7 +113,7 @@ class Trainer:
             gc.collect()  # the group's connections close when its last reference goes
 
     def weights(self) -> dict:
-        return self.policy.state_dict()
+        return self.policy.pushed()
 
     def where(self) -> dict:
         return where()

@@ -1,0 +1,85 @@
+"""The rollout worker of the job's ``--rollout vllm`` mode: a real vLLM engine serving the
+policy of :mod:`grpo.lm`, one per rank of the ``rollout`` component (``engine: vllm``).
+
+The engine's ports and cores come from the reservation (``WorkerGroup`` leased its
+``VLLM_PORT``; :func:`clients.engines.vllm_environment` gives its workers' cores). New
+weights reach the engine's own worker processes as the frameworks send them: a worker
+extension (``worker_extension_cls``) whose method ``collective_rpc`` calls in each worker,
+taking the tensors by their Hugging Face names through the model's ``load_weights``
+(:mod:`clients.testing.tiny_model`).
+
+Sampling is seeded per prompt by (seed, step, prompt index), as :func:`grpo.task.sample`
+is, so a prompt's group is the same whichever engine draws it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from grpo.config import TrainConfig
+from grpo.reward import DIGITS, MAX_TARGET
+
+
+class Rollout:
+    """A rollout rank: a vLLM engine on ``config.model``, sampling the task's answers."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        from vllm import LLM
+
+        import clients.engines
+        from clients.testing import tiny_model
+        from grpo import lm
+
+        os.environ.update(clients.engines.vllm_environment(1))
+        self.config = config
+        self.llm = LLM(
+            model=config.model,
+            enforce_eager=True,
+            dtype="float32",
+            max_model_len=32,
+            seed=config.seed,
+            # On the CPU platform vLLM has no Ray executor: its own processes.
+            distributed_executor_backend="mp",
+            worker_extension_cls=tiny_model.EXTENSION,
+        )
+        tokenizer = self.llm.get_tokenizer()
+        self.digits = lm.digit_ids(tokenizer)
+        self.prompts = {t: lm.prompt_ids(tokenizer, t) for t in range(MAX_TARGET + 1)}
+
+    def load(self, weights: dict) -> None:
+        """Take the trainer's pushed tensors (``grpo.lm.Policy.pushed``)."""
+        from clients.testing import tiny_model
+
+        self.llm.collective_rpc("push", args=(tiny_model.encode(weights),))
+
+    def generate(self, step: int, indices: list[int]) -> list[tuple[int, int, list]]:
+        """The groups of the step's prompts ``indices``: (index, target, samples) each."""
+        from vllm import SamplingParams
+
+        from grpo import task
+
+        targets = task.targets(self.config, step)
+        prompts, params = [], []
+        for i in indices:
+            prompts.append({"prompt_token_ids": self.prompts[targets[i]]})
+            params.append(
+                SamplingParams(
+                    n=self.config.samples,
+                    temperature=1.0,
+                    max_tokens=DIGITS,
+                    min_tokens=DIGITS,
+                    allowed_token_ids=self.digits,
+                    seed=task.seed_of(self.config, step, i),
+                )
+            )
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        index = {t: d for d, t in enumerate(self.digits)}
+        return [
+            (i, targets[i], [[index[t] for t in c.token_ids] for c in out.outputs])
+            for i, out in zip(indices, outs, strict=True)
+        ]
+
+    def where(self) -> dict:
+        from grpo.workers import where
+
+        return where()

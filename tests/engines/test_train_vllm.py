@@ -1,0 +1,29 @@
+"""The GRPO job (scripts/job/train.py) rolling out with a real vLLM engine: a language model
+trained on the task in tokens by two trainer ranks, an engine on the reservation taking
+their weights after every step, through an abrupt node loss that takes the engine with it
+and a driver crash, against a fault-free run of the same seed. The training math is the
+oracle: the engine's samples decide every reward, so a relaunched engine that did not
+take the committed weights, or sampled anything else, changes the numbers."""
+
+from __future__ import annotations
+
+from tests.training import train
+
+
+def test_an_engine_rolls_out_through_a_node_loss_and_a_driver_crash_as_without_them(tmp_path):
+    runs = train(tmp_path, 8, "node@3,driver@6", "--rollout=vllm")
+    reference, faulted = runs["fault-free"]["steps"], runs["placectl"]["steps"]
+    assert all(m["rollout_workers"] == 1 for m in faulted)
+    # it learns: the engine samples what the pushed weights make likelier
+    first, last = reference[0]["reward"], max(m["reward"] for m in reference[-3:])
+    assert last > first + 0.05, [m["reward"] for m in reference]
+
+    events = runs["placectl"]["events"]
+    kinds = [e["kind"] for e in events if e["kind"] != "machine"]
+    assert kinds == ["launched", "repaired", "attached"], kinds
+    (node,) = [e for e in events if e["kind"] == "repaired"]
+    # Trainer rank 0's node held the engine too: exactly those two came back, on the spare.
+    assert node["relaunched"] == {"actor": [0], "rollout": [0]} and node["epoch"] == 2
+    # The new driver found the engine and the trainers alive (detached): none relaunched.
+    (attached,) = [e for e in events if e["kind"] == "attached"]
+    assert attached["relaunched"] == {}
