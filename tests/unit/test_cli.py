@@ -1,6 +1,7 @@
 """``placectl plan``: the dry run a person reads, its JSON, and its one-line errors."""
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -199,10 +200,16 @@ def test_gpu_check_says_when_there_is_no_gpu_to_check():
     if shutil.which("nvidia-smi"):
         pytest.skip("this machine has nvidia-smi: run scripts/gpu_check itself")
     root = pathlib.Path(__file__).resolve().parents[2]
+    # This interpreter, not the checkout's .venv: the environment under test may be
+    # another (CI runs these tests in one made from the dev extra alone).
     proc = subprocess.run(
-        [str(root / "scripts" / "gpu_check")], capture_output=True, text=True, timeout=120
+        [str(root / "scripts" / "gpu_check")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHON": sys.executable},
     )
-    assert proc.returncode == 0
+    assert proc.returncode == 0, proc.stderr[-2000:]
     assert "no NVIDIA GPU to check on this machine" in proc.stdout
 
 
