@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 
+import clients.engines
+from clients.testing import tiny_model
 from grpo.config import TrainConfig
 from grpo.reward import DIGITS, MAX_TARGET
 
@@ -26,8 +28,6 @@ class Rollout:
     def __init__(self, config: TrainConfig) -> None:
         from vllm import LLM
 
-        import clients.engines
-        from clients.testing import tiny_model
         from grpo import lm
 
         os.environ.update(clients.engines.vllm_environment(1))
@@ -48,8 +48,6 @@ class Rollout:
 
     def load(self, weights: dict) -> None:
         """Take the trainer's pushed tensors (``grpo.lm.Policy.pushed``)."""
-        from clients.testing import tiny_model
-
         self.llm.collective_rpc("push", args=(tiny_model.encode(weights),))
 
     def generate(self, step: int, indices: list[int]) -> list[tuple[int, int, list]]:
