@@ -14,9 +14,13 @@ def test_an_engine_rolls_out_through_a_node_loss_and_a_driver_crash_as_without_t
     runs = train(tmp_path, 8, "node@3,driver@6", "--rollout=vllm")
     reference, faulted = runs["fault-free"]["steps"], runs["placectl"]["steps"]
     assert all(m["rollout_workers"] == 1 for m in faulted)
-    # it learns: the engine samples what the pushed weights make likelier
-    first, last = reference[0]["reward"], max(m["reward"] for m in reference[-3:])
-    assert last > first + 0.05, [m["reward"] for m in reference]
+    # It learns: the engine samples what the pushed weights make likelier. An engine that
+    # never took a push would sample the first model at every step, in both runs alike:
+    # equal rewards, but no rise (measured: 0.067 over the first three steps, 0.231
+    # over the last three).
+    early = sum(m["reward"] for m in reference[:3]) / 3
+    late = sum(m["reward"] for m in reference[-3:]) / 3
+    assert late > 2 * early, [m["reward"] for m in reference]
 
     events = runs["placectl"]["events"]
     kinds = [e["kind"] for e in events if e["kind"] != "machine"]

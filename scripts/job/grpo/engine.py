@@ -19,7 +19,7 @@ import os
 import clients.engines
 from clients.testing import tiny_model
 from grpo.config import TrainConfig
-from grpo.reward import DIGITS, MAX_TARGET
+from grpo.reward import DIGITS
 
 
 class Rollout:
@@ -44,7 +44,8 @@ class Rollout:
         )
         tokenizer = self.llm.get_tokenizer()
         self.digits = lm.digit_ids(tokenizer)
-        self.prompts = {t: lm.prompt_ids(tokenizer, t) for t in range(MAX_TARGET + 1)}
+        self.digit_of = {token: d for d, token in enumerate(self.digits)}
+        self.prompts = lm.prompt_ids(tokenizer)
 
     def load(self, weights: dict) -> None:
         """Take the trainer's pushed tensors (``grpo.lm.Policy.pushed``)."""
@@ -71,9 +72,8 @@ class Rollout:
                 )
             )
         outs = self.llm.generate(prompts, params, use_tqdm=False)
-        index = {t: d for d, t in enumerate(self.digits)}
         return [
-            (i, targets[i], [[index[t] for t in c.token_ids] for c in out.outputs])
+            (i, targets[i], [[self.digit_of[t] for t in c.token_ids] for c in out.outputs])
             for i, out in zip(indices, outs, strict=True)
         ]
 

@@ -35,10 +35,10 @@ def digit_ids(tokenizer) -> list[int]:
     return ids
 
 
-def prompt_ids(tokenizer, target: int) -> list[int]:
-    """The prompt of ``target``: its two digits and ``=``, as token ids."""
-    digits = digit_ids(tokenizer)
-    return [digits[target // 10], digits[target % 10], tokenizer.convert_tokens_to_ids("=")]
+def prompt_ids(tokenizer) -> list[list[int]]:
+    """The prompt of every target (its index): its two digits and ``=``, as token ids."""
+    digits, eq = digit_ids(tokenizer), tokenizer.convert_tokens_to_ids("=")
+    return [[digits[t // 10], digits[t % 10], eq] for t in range(MAX_TARGET + 1)]
 
 
 class Policy(torch.nn.Module):
@@ -54,9 +54,8 @@ class Policy(torch.nn.Module):
         for name, p in self.model.named_parameters():
             p.requires_grad_(trains(name))
         tokenizer = AutoTokenizer.from_pretrained(path)
-        prompts = [prompt_ids(tokenizer, t) for t in range(MAX_TARGET + 1)]
         self.register_buffer("digits", torch.tensor(digit_ids(tokenizer)), persistent=False)
-        self.register_buffer("prompts", torch.tensor(prompts), persistent=False)
+        self.register_buffer("prompts", torch.tensor(prompt_ids(tokenizer)), persistent=False)
 
     def forward(self, target: torch.Tensor, digits: torch.Tensor) -> torch.Tensor:
         ids = torch.cat([self.prompts[target], self.digits[digits]], 1)
