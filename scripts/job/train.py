@@ -182,8 +182,8 @@ def run(cluster: Cluster, name: str, config: TrainConfig, faults, baseline: bool
                 record["events"].append(data)
                 print(report.event_line(data), flush=True)
             elif kind == "@fault":
-                what, step = data["kind"], data["step"]
-                pending.remove((what, step))
+                what, step = data["kind"], data.get("at_step", data["step"])
+                pending.remove((what, data["step"]))  # as scheduled
                 if what in MACHINE_FAULTS:
                     detail = f"{cluster.machine_fault(what, data)} at step {step}"
                     spares += what in NODE_FAULTS
@@ -276,6 +276,7 @@ def main() -> int:
     if args.address and any(k in MACHINE_FAULTS for k, _ in faults):
         raise SystemExit("train.py: error: machine faults need the embedded cluster (no --address)")
     out = args.out or tempfile.mkdtemp(prefix="placectl-train-")
+    pathlib.Path(out).mkdir(parents=True, exist_ok=True)
     config = TrainConfig(
         seed=args.seed,
         steps=args.steps,

@@ -26,6 +26,9 @@ ENV = {
 def pytest_collection_modifyitems(items):
     for item in items:
         item.add_marker(pytest.mark.integration)
+    # The training job brings its own cluster: first, before the session's cluster starts
+    # (idle beside it, that one would take its share of CI's 2 cores for 3 minutes).
+    items.sort(key=lambda item: item.module.__name__ != "tests.engines.test_train_vllm")
 
 
 @pytest.fixture(scope="session")

@@ -38,10 +38,14 @@ class Worker:
         ctx = ray.get_runtime_context()
         return ctx.get_actor_id(), ctx.get_node_id()
 
-    def spin(self, seconds: float) -> int:
+    def spin(self, until: str, seconds: float) -> int:
+        """Busy (holding the GIL, not dead) until the file ``until`` exists: the driver
+        makes it once ``repair()`` has returned; ``seconds`` at most."""
         end, n = time.time() + seconds, 0
-        while time.time() < end:  # holds the GIL: busy, not dead
+        while time.time() < end:
             n += 1
+            if n % 100_000 == 0 and os.path.exists(until):
+                break
         return n
 
 
@@ -94,12 +98,14 @@ def main() -> None:
         placed = res.assignments("actor")
         lost = placed[0].placement.node_id
         busy = next(r for r, a in enumerate(placed) if a.placement.node_id != lost)
-        spinning = group.actors[busy].spin.remote(30)
+        released = pathlib.Path(tempfile.mkdtemp(prefix="placectl-busy-")) / "repaired"
+        spinning = group.actors[busy].spin.remote(str(released), 120)
         doomed = [r for r, a in enumerate(placed) if a.placement.node_id == lost]
         started = time.monotonic()
         machines.crash(cluster, next(n for n in nodes if n.node_id == lost))
         out["repaired"] = group.repair(timeout=120)
         out["repair_s"] = round(time.monotonic() - started, 2)
+        released.touch()  # busy all through the repair; done now
         out["doomed"] = doomed
         after = group.execute("where")
         out["kept_actors"] = [

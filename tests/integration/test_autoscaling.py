@@ -39,10 +39,17 @@ def demand_groups() -> dict:
     return live_groups("placectl-demand:")
 
 
-def test_a_reservation_on_a_cluster_with_no_gpu_node_gets_its_nodes_and_gives_them_back(
+def alive() -> set[str]:
+    return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+
+def test_a_reservation_gets_its_nodes_moves_and_is_repaired_onto_new_ones_and_gives_them_back(
     cluster, ctl
 ):
+    """One reservation through an autoscaler's whole life, each phase as the one before
+    left it (one scale-up, one give-back: each costs CI's 2 cores about 20 s)."""
     with LocalAutoscaler(cluster, idle_timeout_s=IDLE_S) as scaler:
+        # A cluster with no GPU node: the reservation gets exactly two, and is ready.
         res = ctl.reserve("grow", spec(), timeout_s=120)
         assert res.state == "ready"
         launched = set(scaler.settle())
@@ -50,37 +57,10 @@ def test_a_reservation_on_a_cluster_with_no_gpu_node_gets_its_nodes_and_gives_th
         group = clients.WorkerGroup.launch(res, "actor", Worker)
         assert set(group.execute("where")) == launched  # per Ray: the nodes it added
         assert demand_groups() == {}  # nothing asked for once placed
-        group.shutdown()
-        ctl.release("grow")
-        wait_for(lambda: set(scaler.terminated) == launched, timeout=60)
-    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-    assert not launched & alive
 
-
-def test_a_lost_node_without_a_spare_is_replaced_by_a_node_the_autoscaler_adds(cluster, ctl):
-    with LocalAutoscaler(cluster, idle_timeout_s=IDLE_S) as scaler:
-        res = ctl.reserve("lose", spec(), timeout_s=120)
-        group = clients.WorkerGroup.launch(res, "actor", Worker)
-        first = set(scaler.settle())
-        lost = res.assignments("actor")[0].placement.node_id
-        doomed = [r for r, a in enumerate(res.assignments("actor")) if a.placement.node_id == lost]
-        scaler.launched[lost].crash()  # no spare: the slot waits for a new node
-        assert group.repair(timeout=120) == doomed
-        (new,) = set(scaler.settle()) - first
-        where = group.execute("where")
-        assert {where[r] for r in doomed} == {new}  # per Ray: on the node it added
-        assert demand_groups() == {}
-        group.shutdown()
-        ctl.release("lose")  # the nodes given back: the first test (here, on leaving)
-
-
-def test_an_evicted_node_without_a_spare_moves_to_a_new_node_before_it_goes(cluster, ctl):
-    """A pod deleted or evicted: SIGTERM to its `ray start --block`, which has Ray drain
-    the node for 30 s and stop it once nothing runs there."""
-    with LocalAutoscaler(cluster, idle_timeout_s=IDLE_S) as scaler:
-        res = ctl.reserve("drain", spec(), timeout_s=120)
-        group = clients.WorkerGroup.launch(res, "actor", Worker)
-        first = set(scaler.settle())
+        # A pod deleted or evicted, no spare: SIGTERM to its `ray start --block`, which
+        # has Ray drain the node for 30 s and stop it once nothing runs there. The slot
+        # moves to a node the autoscaler adds before it goes; no worker dies.
         node = res.assignments("actor")[0].placement.node_id
         leaving = [r for r, a in enumerate(res.assignments("actor")) if a.placement.node_id == node]
         epoch = res.epoch
@@ -89,7 +69,8 @@ def test_an_evicted_node_without_a_spare_moves_to_a_new_node_before_it_goes(clus
         info = res.wait_ready(timeout=90, newer_than=epoch)
         assert info.state == "ready" and node in info.leaving
         assert evicted.proc.poll() is None  # the node is still there: make before break
-        (new,) = set(scaler.settle()) - first
+        (new,) = set(scaler.settle()) - launched
+        launched.add(new)
         assert group.dead_ranks() == []  # nothing of the job died
         assert group.prepare() == leaving  # replacements start beside the running ranks
         wait_for(group.prepared_ready, timeout=60)
@@ -99,5 +80,23 @@ def test_an_evicted_node_without_a_spare_moves_to_a_new_node_before_it_goes(clus
         assert {where[r] for r in leaving} == {new}  # per Ray: on the node it added
         evicted.wait_gone(timeout=60)  # Ray stops the drained node once idle
         assert group.dead_ranks() == []
+
+        # The other first node lost without a word, no spare: the slot waits for a node
+        # the autoscaler adds, and repair() relaunches exactly its ranks there.
+        assignments = res.assignments("actor")
+        lost = next(a.placement.node_id for a in assignments if a.placement.node_id != new)
+        doomed = [r for r, a in enumerate(assignments) if a.placement.node_id == lost]
+        scaler.launched[lost].crash()
+        assert group.repair(timeout=120) == doomed
+        (added,) = set(scaler.settle()) - launched
+        launched.add(added)
+        where = group.execute("where")
+        assert {where[r] for r in doomed} == {added}  # per Ray: on the node it added
+        assert set(where) == {new, added}
+        assert demand_groups() == {}
+
+        # Released: every node it added goes once idle.
         group.shutdown()
-        ctl.release("drain")
+        ctl.release("grow")
+        wait_for(lambda: not launched & alive(), timeout=60)
+    assert demand_groups() == {}

@@ -212,7 +212,7 @@ def test_separate_layout_through_driver_kill_and_node_loss(orl_cluster, tmp_path
 
         # 3. the engines' node is lost; a driver started at once runs on the spare
         lost = next(n for n in nodes if n.node_id == engine_node)
-        c.remove_node(lost)
+        c.remove_node(lost, allow_graceful=False)  # every process killed, Ray not told
         second = _run(c.address, job, "separate", tmp_path / "second.json")
         res = ctl.reservation(job)
         assert second["uid"] == first["uid"] and second["epoch"] > first["epoch"]

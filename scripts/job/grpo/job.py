@@ -291,15 +291,18 @@ class Job:
         """Have ``train.py`` fail a machine or a worker now, as scheduled: trainer rank
         0's node (``node``, ``crash``, ``raylet``, ``drain``, ``spot``), rank 2's
         (``hang``), or rank 1's worker process (``oom``, ``stall``); the last rank where
-        there are fewer."""
-        for kind in MACHINE_FAULTS:
-            if (kind, step) not in self.pending:
+        there are fewer. One due while that rank's node is being drained waits for the
+        first step after the rank has moved off it: it strikes the node the rank is on."""
+        for kind, due in sorted(self.pending):
+            if kind not in MACHINE_FAULTS or due > step:
                 continue
-            self.pending.discard((kind, step))
             trainers = self.groups["actor"].actors
             rank = min({"hang": 2, "oom": 1, "stall": 1}.get(kind, 0), len(trainers) - 1)
             where = ray.get(trainers[rank].where.remote())
-            fault(kind, step, rank=rank, node=where["node"], pid=where["pid"])
+            if where["node"] in self.res.info.leaving:
+                continue
+            self.pending.discard((kind, due))
+            fault(kind, due, rank=rank, node=where["node"], pid=where["pid"], at_step=step)
 
     def _stuck(self, relaunched: list[int]) -> list[int]:
         """Trainer ranks still inside the failed step's update after a grace: blocked in
