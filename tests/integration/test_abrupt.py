@@ -115,7 +115,8 @@ def test_abrupt_node_death_repair_at_once_relaunches_exactly_the_lost_ranks(clus
 
 def test_a_slow_worker_is_never_relaunched(cluster, ctl):
     res, group, before = launch(ctl, "slow")
-    busy = [group.actors[0].spin.remote(15), group.actors[1].sleep.remote(15)]
+    # Busy past the probe's 5 s window (repair() decides about 6 s from here), by 4 s.
+    busy = [group.actors[0].spin.remote(10), group.actors[1].sleep.remote(10)]
     time.sleep(1.0)  # both are inside their calls
     assert group.repair(hung_after=5, timeout=60) == []
     assert ray.get(busy)[0] > 0
