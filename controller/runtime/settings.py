@@ -31,7 +31,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Without a spare node, look again this often (and whenever a node joins).
     repair_retry: float = 10.0
     # A node that does not answer a port check by then gets no lease (and stalls nothing).
-    port_check_timeout: float = 10.0
+    # The check is a task: on a node whose cores are saturated its worker takes seconds
+    # to start (10 s failed 2 of 11 test runs on 2 cores under two busy loops).
+    port_check_timeout: float = 30.0
     # Each node with room left gets an idle worker touched this often, so probes start
     # at once; at most warm_budget nodes per tick, so a big cluster is not flooded.
     warm_period: float = 30.0
