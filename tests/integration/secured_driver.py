@@ -40,13 +40,14 @@ class Worker:
 
     def spin(self, until: str, seconds: float) -> int:
         """Busy (holding the GIL, not dead) until the file ``until`` exists: the driver
-        makes it once ``repair()`` has returned; ``seconds`` at most."""
+        makes it once ``repair()`` has returned; ``seconds`` at most. Returns how often
+        it looped, or 0 if the file never came (it stopped before the repair ended)."""
         end, n = time.time() + seconds, 0
         while time.time() < end:
             n += 1
             if n % 100_000 == 0 and os.path.exists(until):
-                break
-        return n
+                return n
+        return 0
 
 
 def certificates(where: pathlib.Path) -> dict[str, str]:
