@@ -26,7 +26,7 @@ from controller.errors import (
 from controller.runtime.io import HEAD_RESOURCE
 from controller.state.published import ComponentBlock
 from controller.state.records import AUTO, ReservationRecord
-from controller.state.requests import Everyone, JobOf, Owned, Reserve, check_job
+from controller.state.requests import Everyone, JobOf, NodesOf, Owned, Reserve, check_job
 from controller.state.status import ReservationInfo
 from controller.state.table import (
     LEGACY_KEY,
@@ -264,6 +264,12 @@ class Controller(ChangeClient, QueueClient):
         """The nodes of ``job`` whose raylets do not answer and that the controller has
         not fenced yet; asking fences a node whose raylet refuses connections."""
         return self.call("suspects", JobOf(job))
+
+    def verdicts(self, job: str, nodes: list[str] | None = None) -> dict[str, str]:
+        """The controller's verdict on each node of ``job`` and of ``nodes``, asked now:
+        ``alive``, ``silent`` (no verdict yet), ``dead`` (by Ray, or fenced) or
+        ``unknown`` (its calls are refused there, or it suspects itself: Ray decides)."""
+        return self.call("verdicts", NodesOf(job, sorted(set(nodes or []))))
 
     def release(self, job: str, force: bool = False) -> bool:
         """Release ``job`` (cancelling a reserve of it in progress); True if it existed.

@@ -1,13 +1,23 @@
-"""Which ranks of a worker group are gone: Ray's verdict, and the evidence before it.
+"""Which ranks of a worker group are gone: the verdict on each, before anything relaunches.
 
 Ray calls a worker alive until it learns otherwise: at once when a worker process dies
 on a live node, but only after its health checks give up (15 s and more with Ray's
-defaults) when the whole node dies abruptly or hangs. Meanwhile the evidence is there:
-the worker's process does not answer (:mod:`controller.runtime.answers`). A rank that
-does not answer is a *suspect*; :func:`await_verdict` waits, bounded, until each suspect
-answers again (it was only slow to) or Ray reports it dead (the controller fences a node
-whose raylet is gone, see :mod:`controller.runtime.liveness`), and reports the ones that
-stayed silent on a node that lives: stopped or hung processes.
+defaults) when the whole node dies abruptly, hangs or is cut off. Meanwhile there is
+evidence on two levels, and :func:`settle` reads both:
+
+* the **node**: the controller's verdict on each node of the job (``verdicts``:
+  ``alive``, ``silent``, ``dead``, ``unknown``; :mod:`controller.runtime.liveness`),
+  which fences a node whose raylet is gone once the evidence holds;
+* the **rank**: whether its worker process answers a health check
+  (:mod:`controller.runtime.answers`).
+
+A rank's verdict is final when Ray reports it dead; when it answers on a node that is
+not dead; when it refuses placectl's credentials (``denied``: nothing known of the
+process) on a node the controller calls alive, since Ray learns at once of a process
+that dies on a live node. A rank on a dead (fenced) node is lost even while its process
+still answers: :func:`settle` waits for Ray's actor table to agree. Every other rank
+(silent, refused, denied on a node not known alive) waits, at most ``within`` seconds;
+those still silent then on a node the controller calls alive are hung.
 
 A worker that is only slow (a long step, a loop holding the GIL, a GC pause) answers
 from its RPC threads and is never a suspect.
@@ -20,14 +30,15 @@ import os
 import signal
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
 
-from controller.runtime.answers import DENIED, OK, answers
+from controller.runtime.answers import DENIED, OK, REFUSED, answers
 
 ANSWER_TIMEOUT_S = 1.0
+ALIVE, DEAD = "alive", "dead"  # the controller's verdicts that decide (liveness.verdicts)
 _told_denied: set[str] = set()  # the refusals this process has reported already
 
 
@@ -41,32 +52,32 @@ def actor_dead(actor: Any) -> bool:
     return not entry or entry.get("State") == "DEAD"
 
 
-def unanswered(actors: Sequence[Any], timeout: float = ANSWER_TIMEOUT_S) -> list[int]:
-    """The indices of ``actors`` whose process does not answer now (dead ones, and
-    missing ones, ``None``, included): one health check each, all at once. A process
-    that refuses placectl's credentials is no suspect: that says nothing of whether it
-    runs (said once, as a warning); Ray's own verdict decides for it."""
+def rank_answers(actors: Sequence[Any], timeout: float = ANSWER_TIMEOUT_S) -> dict[int, str]:
+    """Whether each of ``actors`` answers now, by index: ``ok``, ``silent``, ``denied``
+    (it refuses placectl's credentials: said once, as a warning), or ``refused`` (also
+    for a missing actor, ``None``, and one Ray does not list alive with a port: there is
+    no process to ask). One health check each, all at once."""
     addresses: dict[str, str] = {}
-    gone = []
+    out: dict[int, str] = {}
     for i, actor in enumerate(actors):
         entry = _actor_entry(actor) if actor is not None else {}
         address = entry.get("Address") or {}
         if entry.get("State") != "ALIVE" or not address.get("Port"):
-            gone.append(i)  # dead, restarting, or not started yet: no process to ask
+            out[i] = REFUSED  # dead, restarting, or not started yet
             continue
         addresses[str(i)] = f"{address['IPAddress']}:{address['Port']}"
     why: dict[str, str] = {}
-    got = answers(addresses, timeout, why)
+    out.update({int(i): a for i, a in answers(addresses, timeout, why).items()})
     for reason in set(why.values()) - _told_denied:
         _told_denied.add(reason)
         warnings.warn(
             f"a worker refuses placectl's health checks ({reason}): placectl cannot tell a "
-            "hung worker from a busy one there, and leaves the verdict to Ray. Its calls "
-            "carry the cluster's token and TLS settings as Ray's clients do: check them "
-            "in this process's environment",
+            "hung worker from a busy one there, and leaves the verdict to Ray and to the "
+            "controller's verdict on its node. Its calls carry the cluster's token and TLS "
+            "settings as Ray's clients do: check them in this process's environment",
             stacklevel=2,
         )
-    return sorted(gone + [int(i) for i, a in got.items() if a not in (OK, DENIED)])
+    return out
 
 
 def judge(
@@ -78,23 +89,16 @@ def judge(
     kill_hung: bool,
     say: Callable[[str], None],
 ) -> None:
-    """Find the suspects among ``actors`` (one per rank, on ``nodes``), wait for Ray's
-    verdict on them (:func:`await_verdict`), and kill the ones hung on a live node if
-    ``kill_hung``: what ``WorkerGroup.repair`` does before it relaunches anything."""
-    # The controller asks the raylets first: one that refuses is fenced by this call (a
-    # dead node's workers may still answer for a moment after their raylet died).
-    silent_nodes = set(reservation.controller.suspects(reservation.job))
+    """Wait for a final verdict on every rank of ``actors`` (one per rank, on ``nodes``;
+    :func:`settle`) and kill the ones hung on a live node if ``kill_hung``: what
+    ``WorkerGroup.repair`` does before it relaunches anything."""
     live = [r for r, a in enumerate(actors) if a is not None]
-    suspects = [live[i] for i in unanswered([actors[r] for r in live])]
-    suspects += [r for r in live if nodes[r] in silent_nodes]
-    suspects = sorted(set(suspects) - dead())
-    if not suspects:
-        return
-    hung = await_verdict(
-        actors,
-        suspects,
+    hung = settle(
+        live,
+        nodes,
+        ask_nodes=lambda: reservation.controller.verdicts(reservation.job, list(nodes)),
+        ask_ranks=lambda ranks: _by_rank(actors, ranks),
         dead=dead,
-        ask=lambda: reservation.controller.suspects(reservation.job),
         within=within,
         say=say,
     )
@@ -104,36 +108,60 @@ def judge(
         kill([actors[r] for r in hung])
 
 
-def await_verdict(
-    actors: Sequence[Any],
-    suspects: list[int],
+def _by_rank(actors: Sequence[Any], ranks: list[int]) -> dict[int, str]:
+    got = rank_answers([actors[r] for r in ranks])
+    return {ranks[i]: a for i, a in got.items()}
+
+
+def final(answer: str | None, node: str) -> bool:
+    """Whether a rank whose worker gave ``answer`` on a node with the controller's
+    verdict ``node`` needs no more waiting (Ray's own report of its death aside)."""
+    if node == DEAD:
+        return False  # lost, even if its process still answers: Ray's table must agree
+    if answer == OK:
+        return True
+    return answer == DENIED and node == ALIVE  # Ray knows at once if it died there
+
+
+def settle(
+    ranks: list[int],
+    nodes: Sequence[str],
+    ask_nodes: Callable[[], Mapping[str, str]],
+    ask_ranks: Callable[[list[int]], Mapping[int, str]],
     dead: Callable[[], set[int]],
-    ask: Callable[[], None],
     within: float,
     say: Callable[[str], None],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> list[int]:
-    """Wait until every suspect rank answers again or Ray reports it dead, at most
-    ``within`` seconds; returns the ranks still silent then while Ray calls them
-    alive (hung). ``dead()`` gives the ranks Ray reports dead now; ``ask()`` has the
-    controller look at the reservation's nodes (it fences a node whose raylet is gone)."""
-    started = time.monotonic()
-    left = sorted(suspects)
+    """Wait until every rank of ``ranks`` has a final verdict (:func:`final`) or Ray
+    reports it dead, at most ``within`` seconds. Returns the hung ranks: those still
+    waiting then that do not answer (silent, or refusing connections) on a node the
+    controller calls alive. ``ask_nodes()`` gives the controller's verdict by node id
+    (it fences what the evidence condemns, :mod:`controller.runtime.liveness`);
+    ``ask_ranks(ranks)`` each rank's answer; ``dead()`` the ranks Ray reports dead."""
+    started = clock()
+    left = sorted(ranks)
     said = False
+    verdicts: Mapping[str, str] = {}
+    got: Mapping[int, str] = {}
     while left:
-        ask()
+        verdicts = ask_nodes()
         gone = dead()
         left = [r for r in left if r not in gone]
-        if left:
-            silent = set(unanswered([actors[r] for r in left]))
-            left = [r for i, r in enumerate(left) if i in silent and r not in gone]
-        waited = time.monotonic() - started
+        got = ask_ranks(left) if left else {}
+        left = [r for r in left if not final(got.get(r), verdicts.get(nodes[r], ALIVE))]
+        waited = clock() - started
         if not left or waited >= within:
             break
         if not said and waited >= 1.0:
-            say(f"ranks {left} do not answer; waiting up to {within:g}s for Ray's verdict")
+            what = {r: f"{got.get(r)} on a {verdicts.get(nodes[r], ALIVE)} node" for r in left}
+            say(f"ranks {left} have no verdict yet ({what}); waiting up to {within:g}s")
             said = True
-        time.sleep(0.2)
-    return left
+        sleep(0.2)
+    return [
+        r for r in left if verdicts.get(nodes[r], ALIVE) == ALIVE and got.get(r) not in (OK, DENIED)
+    ]
 
 
 @ray.remote(num_cpus=0, max_retries=0)

@@ -30,14 +30,22 @@ _METHOD = "/grpc.health.v1.Health/Check"
 
 
 def answers(
-    addresses: Mapping[str, str], timeout: float, why: dict[str, str] | None = None
+    addresses: Mapping[str, str],
+    timeout: float,
+    why: dict[str, str] | None = None,
+    _again: bool = True,
 ) -> dict[str, str]:
     """Ask every ``key -> host:port`` at once; ``key -> ok | refused | silent | denied``
     within about ``timeout`` seconds, whatever their number. An empty address is
-    ``refused``. For each ``denied`` one, ``why`` (if given) gets the server's reason."""
+    ``refused``. For each ``denied`` one, ``why`` (if given) gets the server's reason.
+
+    A connection closed on the call ("Socket closed") is what a TLS server does to a
+    plaintext client, and also what a process dying mid-call does: such keys are asked
+    once more, and ``denied`` only if it happens again."""
     import grpc
 
     out: dict[str, str] = {}
+    closed: dict[str, str] = {}
     pending = []
     for key, address in addresses.items():
         if not address:
@@ -54,12 +62,21 @@ def answers(
             out[key] = OK
         except grpc.RpcError as e:
             refusal = denied(e)
+            if refusal is not None and _again and _closed(e):
+                closed[key] = addresses[key]
+                continue
             if refusal is not None and why is not None:
                 why[key] = refusal
             out[key] = DENIED if refusal is not None else _verdict(e.code(), e.details() or "")
         finally:
             channel.close()
+    if closed:
+        out.update(answers(closed, timeout, why, _again=False))
     return out
+
+
+def _closed(error) -> bool:
+    return "socket closed" in (error.details() or "").lower()
 
 
 def _verdict(code, details: str) -> str:

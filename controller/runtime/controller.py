@@ -149,6 +149,7 @@ class PlacementController:
     status = route(READS, ReadCalls.status, rq.JobOf)
     list = route(READS, ReadCalls.list)
     suspects = route(READS, ReadCalls.suspects, rq.JobOf)
+    verdicts = route(READS, ReadCalls.verdicts, rq.NodesOf)
     assignments = route(READS, ReadCalls.assignments, rq.ComponentOf)
     component = route(READS, ReadCalls.component, rq.ComponentOf)
     queue = route(QUEUES, QueueCalls.queue)

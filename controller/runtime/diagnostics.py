@@ -35,8 +35,9 @@ class DiagnosticCalls:
     async def health(self) -> dict[str, Any]:
         """Version, incarnation, node, recovery, refusal, how node events arrive, GCS
         store, fenced nodes, who refuses placectl's own calls (``denied``: node id or
-        ``gcs`` -> why), the fences that failed, and the settings that differ from the
-        defaults."""
+        ``gcs`` -> why), the fences that failed, whether the controller suspects itself
+        (``cut_off``: it reaches no majority of the nodes it asks), and the settings
+        that differ from the defaults."""
         io = self._ctx.io
         return {
             "version": version(),
@@ -50,6 +51,7 @@ class DiagnosticCalls:
             "fenced": dict(self._ops.liveness.fenced),
             "denied": dict(self._ops.liveness.denied),
             "fence_failures": self._ops.liveness.fence_failures,
+            "cut_off": self._ops.liveness.cut_off,
             "settings": changed(self._ctx.settings),
         }
 

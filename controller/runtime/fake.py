@@ -19,6 +19,7 @@ import itertools
 
 import msgspec
 
+from controller.runtime.fake_network import FakeNetwork
 from controller.runtime.fake_placement import FakeFault, FakeGroup, FakeNode, place, usable
 from controller.runtime.io import (
     CREATED,
@@ -52,7 +53,7 @@ class Latency:
         self.per_node_read = per_node_read  # added per node to a whole-cluster read
 
 
-class FakeCluster:
+class FakeCluster(FakeNetwork):
     """An in-memory Ray cluster. Nodes are added with :meth:`add_node`.
 
     Args:
@@ -82,6 +83,7 @@ class FakeCluster:
         self.store = "redis"  # where the GCS keeps its tables (gcs_store)
         self.fenced: dict[str, str] = {}  # node -> the reason placectl gave Ray
         self.fence_refusal: Exception | None = None  # raised by every fence while set
+        FakeNetwork.__init__(self)
         self.draining: dict[str, float] = {}  # node -> deadline (0: none); nothing new lands
         self._ids = itertools.count(1)
         self._making: set[asyncio.Task] = set()
@@ -239,8 +241,7 @@ class FakeCluster:
         self, addresses: dict[str, str], timeout: float, why: dict[str, str] | None = None
     ) -> dict[str, str]:
         self._cost("node_answers", self.latency.gcs_rtt)
-        nodes = self.nodes_by_id
-        got = {n: nodes[n].raylet if n in nodes else "refused" for n in addresses}
+        got = self._seen_from(self.own_node(), addresses)
         if why is not None:
             why.update({n: "UNAUTHENTICATED: injected" for n, a in got.items() if a == "denied"})
         return got

@@ -114,6 +114,14 @@ class ClusterIO(Protocol):
         ``why`` gets the reason of each ``denied``."""
         ...
 
+    async def witness_answers(
+        self, witness: str, addresses: dict[str, str], timeout: float
+    ) -> dict[str, str] | None:
+        """Have node ``witness`` ask the raylets at ``addresses`` (``node id ->
+        host:port``) itself, as :meth:`node_answers` does here; ``None`` when its reply
+        does not come back in time (:mod:`controller.runtime.evidence`)."""
+        ...
+
     async def fence(self, node_id: str, why: str) -> None:
         """Have Ray mark ``node_id`` dead now, with ``why`` as the reason it shows.
         Raises :class:`~controller.runtime.channels.CallDenied` when Ray refuses

@@ -11,7 +11,10 @@ certain:
 
 * a raylet that **refuses** connections, twice ``settings.refused_confirm`` apart, is
   gone (nothing listens on its port);
-* a raylet **silent** for ``settings.fence_after`` seconds is stopped, hung or cut off.
+* a raylet **silent** for ``settings.fence_after`` seconds is stopped, hung or cut off,
+  once other nodes confirm it (:mod:`controller.runtime.evidence`): a majority of the
+  nodes asked answered the controller, and witnesses among them cannot reach it either.
+  A controller that reaches no majority suspects itself and fences nothing.
 
 Fencing marks the node dead in Ray's GCS (``ClusterIO.fence``): Ray's node event
 follows within milliseconds, and the slot is replaced as after any node loss. The node
@@ -25,10 +28,11 @@ A fence is sent once, and only to a node that needs it: never to one Ray already
 dead or is draining (a drain ends in the node's removal, and a second ``UnregisterNode``
 for a node Ray is removing stalls the GCS's update of it until the call times out), never
 twice at once, and a caller waits for it at most ``settings.fence_wait``. A fence that
-failed is tried again with a growing delay. An answer that refuses placectl (its token,
-its TLS credentials: :mod:`controller.runtime.channels`) is no evidence of death: the
-node is not fenced, that is said once (log, event history, ``health()``), and Ray's own
-health checks decide.
+failed is tried again with a growing delay, and so is one the GCS refused (its token,
+its TLS credentials: :mod:`controller.runtime.channels`): a refusal may end when the
+operator mends the credentials. An answer of a raylet that refuses placectl is no
+evidence of death: the node is not fenced, that is said once (log, event history,
+``health()``), and Ray's own health checks decide.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from controller.runtime import evidence
 from controller.runtime.answers import DENIED, OK, REFUSED
 from controller.runtime.channels import CallDenied
 from controller.runtime.context import Context
@@ -48,6 +53,9 @@ log = logging.getLogger("placectl.controller")
 
 GCS = "gcs"  # the key of a refusal by the GCS (a fence), beside those of raylets
 _RETRY_FIRST, _RETRY_MOST = 0.5, 10.0  # a failed fence is tried again after these
+REACHED = evidence.REACHED
+# The controller's verdict on a node (Liveness.verdicts), read by drivers' repair().
+ALIVE, SILENT_NODE, DEAD, UNKNOWN = "alive", "silent", "dead", "unknown"
 
 
 class Liveness:
@@ -61,6 +69,10 @@ class Liveness:
         fenced: node -> why, for the nodes this incarnation fenced.
         denied: node id (or ``gcs``) -> why it refused placectl's calls, this incarnation.
         fence_failures: fences that failed (tried again later), this incarnation.
+        cut_off: while the controller suspects itself (it reached no majority), since
+            when and how many nodes it reached; ``None`` otherwise.
+        withheld: silent nodes not fenced for want of evidence, since the last majority.
+        answers: the last answer of each watched node's raylet.
     """
 
     def __init__(self, ctx: Context, on_fenced: Callable[[str], None]) -> None:
@@ -74,6 +86,9 @@ class Liveness:
         self.fenced: dict[str, str] = {}
         self.denied: dict[str, str] = {}
         self.fence_failures = 0
+        self.cut_off: dict | None = None
+        self.withheld: set[str] = set()
+        self.answers: dict[str, str] = {}
 
     def start(self) -> None:
         self._tasks.start("liveness", "watch", self._watch())
@@ -83,7 +98,7 @@ class Liveness:
             await asyncio.sleep(self.settings.liveness_period)
             try:
                 watched = self.watched()
-                for doubts in (self._silent_since, self._refused_at, self._retry_at):
+                for doubts in (self._silent_since, self._refused_at, self._retry_at, self.answers):
                     for node in set(doubts) - watched:  # released: its doubts go too, so
                         del doubts[node]  # a later reservation there starts afresh
                 await self.sweep(watched)
@@ -102,10 +117,13 @@ class Liveness:
         return {n for n in out if not (info := self._nodes.info(n)) or not info.is_head}
 
     async def sweep(self, node_ids: set[str]) -> set[str]:
-        """Ask each node's raylet once; start the fence of those certainly gone (a
+        """Ask each node's raylet once, and a few others beside them (the quorum,
+        :mod:`controller.runtime.evidence`); start the fence of those certainly gone (a
         caller waits for it with :meth:`fences`). Returns the nodes whose fence runs."""
+        started = time.monotonic()
+        asked = set(node_ids) | set(self._bystanders(node_ids))
         addresses = {}
-        for n in sorted(node_ids):
+        for n in sorted(asked):
             info = self._nodes.info(n)
             if info is not None and info.raylet:
                 addresses[n] = info.raylet
@@ -114,16 +132,19 @@ class Liveness:
         why: dict[str, str] = {}
         got = await self._io.node_answers(addresses, self.settings.liveness_timeout, why)
         now = time.monotonic()
-        fencing = set()
-        for node, answer in got.items():
+        self.answers.update({n: a for n, a in got.items() if n in node_ids})
+        self._judge_self(sum(a in REACHED for a in got.values()), len(got))
+        fencing, overdue = set(), set()
+        for node in sorted(set(got) & set(node_ids)):
+            answer = got[node]
             if answer in (OK, DENIED):  # alive, or nothing known: no doubt either way
                 self._silent_since.pop(node, None)
                 self._refused_at.pop(node, None)
                 if answer == DENIED:
                     self._refused_us(node, why.get(node, "refused"))
                 continue
-            since = self._silent_since.setdefault(node, now)
-            if answer == REFUSED:
+            if answer == REFUSED:  # the host's own kernel says nothing listens there
+                since = self._silent_since.setdefault(node, started)
                 first = self._refused_at.setdefault(node, now)
                 if now - first >= self.settings.refused_confirm and now > first:
                     why_ = "its raylet refuses connections (the node's processes are gone)"
@@ -131,28 +152,123 @@ class Liveness:
                     continue
             else:
                 self._refused_at.pop(node, None)
+                if self.cut_off is not None:  # the controller's own silence: no evidence
+                    self._silent_since.pop(node, None)
+                    continue
+                since = self._silent_since.setdefault(node, started)
             if now - since >= self.settings.fence_after:
-                fencing.add(
-                    self._fence(node, f"its raylet has not answered for {now - since:.1f}s")
-                )
+                overdue.add(node)
+        if overdue:
+            fencing |= await self._witnessed(overdue, got, addresses)
+        elif self._silent_since:  # witnesses warm before they are needed
+            for w in evidence.witnesses(got, set(self._silent_since), self.settings.witnesses):
+                self._io.warm(w)
         return fencing - {""}
 
-    async def check_now(self, node_ids: set[str]) -> set[str]:
+    def _bystanders(self, watched: set[str]) -> list[str]:
+        heads = {n for n in self._nodes.alive_ids() if (i := self._nodes.info(n)) and i.is_head}
+        own = self._io.own_node()
+        k = self.settings.quorum_sample
+        return evidence.bystanders(self._nodes.alive_ids(), watched, own, heads, k)
+
+    async def _witnessed(
+        self, overdue: set[str], got: dict[str, str], addresses: dict[str, str]
+    ) -> set[str]:
+        """Fence the ``overdue`` silent nodes that the witnesses cannot reach either."""
+        chosen = evidence.witnesses(got, overdue, self.settings.witnesses)
+        targets = {n: addresses[n] for n in overdue}
+        silent, heard = await evidence.confirmed(
+            self._io, chosen, targets, self.settings.liveness_timeout
+        )
+        now = time.monotonic()
+        fencing = set()
+        for node in sorted(overdue):
+            if node not in self._silent_since:  # answered meanwhile (another sweep)
+                continue
+            silent_for = now - self._silent_since[node]
+            if node in silent:
+                seen = f"{heard} of {len(chosen)} other node(s) cannot reach it either"
+                why = f"its raylet has not answered for {silent_for:.1f}s; {seen}"
+                fencing.add(self._fence(node, why))
+            elif heard and node not in self.fenced:
+                # Another node reaches it: the path from here is at fault, not the node.
+                self._silent_since.pop(node, None)
+                log.warning(
+                    "node %s is silent to the controller but answers %s: not fenced",
+                    node[:12],
+                    "another node",
+                )
+            else:
+                self._unwitnessed(node, chosen)
+        return fencing
+
+    def _unwitnessed(self, node: str, chosen: list[str]) -> None:
+        if node in self.withheld:
+            return
+        self.withheld.add(node)
+        self._io.metrics.fence("withheld")
+        log.warning(
+            "node %s is silent, but no other node could look at it (%s): not fenced; "
+            "Ray's health checks decide",
+            node[:12],
+            "asked " + ", ".join(w[:12] for w in chosen) if chosen else "none answers",
+        )
+
+    def _judge_self(self, reached: int, asked: int) -> None:
+        """Suspect the controller itself when it reached no majority (said once a
+        time), and trust it again once it does."""
+        if evidence.cut_off(reached, asked):
+            if self.cut_off is None:
+                self.cut_off = {"since": time.time(), "reached": reached, "asked": asked}
+                self._io.metrics.fence("withheld")
+                what = (
+                    f"the controller reaches {reached} of {asked} node(s) it asked: it "
+                    "suspects itself and fences no silent node; Ray's health checks decide"
+                )
+                log.error("%s", what)
+                self._state.told(ev.cut_off(what))
+            return
+        if self.cut_off is not None:
+            lasted = time.time() - self.cut_off["since"]
+            self.cut_off = None
+            what = f"the controller reaches {reached} of {asked} node(s) again after {lasted:.1f}s"
+            log.warning("%s", what)
+            self._state.told(ev.cut_off(what))
+        self.withheld.clear()
+
+    async def check_now(self, node_ids: set[str]) -> dict[str, str]:
         """Ask now (a caller suspects these nodes): a refusing raylet is confirmed and
         fenced within ``settings.refused_confirm``; a silent one is fenced once silent
-        for ``settings.fence_after`` (by this call or the watch). Waits for a fence at
-        most ``settings.fence_wait``. Returns the nodes that do not answer and are not
-        fenced yet (suspects)."""
+        for ``settings.fence_after`` and seen silent by witnesses (by this call or the
+        watch). Waits for a fence at most ``settings.fence_wait``. Returns the verdict
+        on each of ``node_ids`` (:meth:`verdicts`)."""
         ask = {n for n in node_ids if n in self._nodes} & self.watched()
-        if not ask:
-            return set()
-        fencing = await self.sweep(ask)
-        refused = {n for n in ask if n in self._refused_at and n in self._nodes}
-        if refused:
-            await asyncio.sleep(self.settings.refused_confirm)
-            fencing |= await self.sweep(refused)
-        await self.fences(fencing)
-        return {n for n in ask if n in self._silent_since and n in self._nodes}
+        if ask:
+            fencing = await self.sweep(ask)
+            refused = {n for n in ask if n in self._refused_at and n in self._nodes}
+            if refused:
+                await asyncio.sleep(self.settings.refused_confirm)
+                fencing |= await self.sweep(refused)
+            await self.fences(fencing)
+        return self.verdicts(node_ids)
+
+    def verdicts(self, node_ids: set[str]) -> dict[str, str]:
+        """What the controller holds of each node now: ``dead`` (Ray reports it dead,
+        or it was fenced), ``silent`` (its raylet does not answer; no verdict yet),
+        ``unknown`` (it refuses placectl's calls, or the controller suspects itself),
+        ``alive`` (it answered, or it is not watched: the head, a node without slots)."""
+        watched = self.watched() if self.cut_off is not None else set()
+        out = {}
+        for n in node_ids:
+            if n not in self._nodes or n in self.fenced:
+                out[n] = DEAD
+            elif n in self._silent_since:
+                out[n] = SILENT_NODE
+            elif n in watched or self.answers.get(n) == DENIED:
+                out[n] = UNKNOWN
+            else:
+                out[n] = ALIVE
+        return out
 
     async def fences(self, nodes: set[str]) -> None:
         """Wait for the fences of ``nodes`` in flight, at most ``settings.fence_wait``:
@@ -164,7 +280,7 @@ class Liveness:
     def _fence(self, node: str, why: str) -> str:
         """Start fencing ``node`` unless it is fenced, being fenced, waiting to be tried
         again, or placectl may not fence; returns the node if its fence runs."""
-        if node in self.fenced or GCS in self.denied:
+        if node in self.fenced:
             return ""
         if self._tasks.get("fence", node) is None:
             if time.monotonic() < self._retry_at.get(node, (0.0, 0))[0]:
@@ -182,20 +298,21 @@ class Liveness:
             if node in await self._io.draining_nodes():
                 return  # Ray is taking it away; the drain watch moves its slots
             await self._io.fence(node, f"placectl fenced the node: {why}")
-        except CallDenied as e:
-            self._refused_us(GCS, str(e))
-            return
         except Exception as e:
+            if isinstance(e, CallDenied):  # said once; tried again, in case it is mended
+                self._refused_us(GCS, str(e))
             failures = self._retry_at.get(node, (0.0, 0))[1] + 1
             delay = min(_RETRY_FIRST * 2 ** (failures - 1), _RETRY_MOST)
             self._retry_at[node] = (time.monotonic() + delay, failures)
             self.fence_failures += 1
-            self._io.metrics.fence("failed")
+            if not isinstance(e, CallDenied):  # a refusal is counted once, as denied
+                self._io.metrics.fence("failed")
             log.warning(
                 "could not fence node %s (try %d, next in %.1fs): %s", where, failures, delay, e
             )
             return
         log.warning("node %s fenced: %s", where, why)
+        self.denied.pop(GCS, None)  # the GCS takes placectl's fences (again)
         self.fenced[node] = why
         self._io.metrics.fence("fenced")
         self._state.told(ev.fenced(node, info.ip if info else "", why))

@@ -1,6 +1,6 @@
-"""Tasks that run inside the cluster: the accelerator probe, the warm-up and the port
-check. Kept apart, importing nothing but Ray, because every node's probe worker imports
-this module: a lighter import is a faster first probe."""
+"""Tasks that run inside the cluster: the accelerator probe, the warm-up, the port
+check and the witness. Kept apart, importing nothing but Ray, because every node's probe
+worker imports this module: a lighter import is a faster first probe."""
 
 import ray
 
@@ -47,6 +47,15 @@ def probe(accelerator: str) -> dict:
 @ray.remote(num_cpus=0, max_calls=0, max_retries=0)
 def warm() -> None:
     """Nothing: running it starts (or keeps) an idle worker on the node."""
+
+
+@ray.remote(num_cpus=0, max_calls=0, max_retries=0)
+def witness(addresses: dict[str, str], timeout: float) -> dict[str, str]:
+    """Whether the raylets at ``addresses`` answer *this* node: the controller's second
+    opinion on a node silent to it (:mod:`controller.runtime.evidence`)."""
+    from controller.runtime.answers import answers
+
+    return answers(addresses, timeout)
 
 
 def ephemeral_range() -> tuple[int, int]:

@@ -184,6 +184,18 @@ class RayClusterIO:
     ) -> dict[str, str]:
         return await asyncio.to_thread(answers.answers, addresses, timeout, why)
 
+    async def witness_answers(
+        self, witness: str, addresses: dict[str, str], timeout: float
+    ) -> dict[str, str] | None:
+        ref = tasks.witness.options(scheduling_strategy=_on(witness)).remote(addresses, timeout)
+        try:  # the task's own wait, and as long again for it to be placed and reply
+            return await asyncio.wait_for(_result(ref), 2 * timeout + WITNESS_SLACK)
+        except Exception as e:  # not placed, lost, or late: this witness says nothing
+            log.info("witness %s did not reply: %s", witness[:12], type(e).__name__)
+            with contextlib.suppress(Exception):
+                ray.cancel(ref)
+            return None
+
     async def fence(self, node_id: str, why: str) -> None:
         gcs = ray.get_runtime_context().gcs_address
         await asyncio.to_thread(fence_node, gcs, node_id, why)
@@ -348,6 +360,9 @@ def _log_wait(message: str) -> None:
     log.warning("%s", message)
 
 
+# A witness task starts on an idle worker the controller keeps warm (ms); a cold one
+# starts a process (about a second on a loaded 2-core machine).
+WITNESS_SLACK = 1.0
 PROBE_SHARE = 0.0001  # a sliver of the accelerator, so Ray shows the probe its device
 
 

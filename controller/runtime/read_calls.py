@@ -1,5 +1,5 @@
 """The controller's calls that read reservations: ``status``, ``list``, ``suspects``,
-``assignments``, ``component``. What they answer is confirmed against Ray first: never
+``verdicts``, ``assignments``, ``component``. What they answer is confirmed against Ray first: never
 ``ready`` while Ray reports a node of the reservation dead."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import msgspec
 
 from controller.errors import PlacementError, ReservationError
 from controller.runtime.checks import Checker
+from controller.runtime.liveness import SILENT_NODE
 from controller.runtime.operations import Operations
 from controller.state.records import ReservationRecord
-from controller.state.requests import ComponentOf, JobOf
+from controller.state.requests import ComponentOf, JobOf, NodesOf
 from controller.state.status import summarize
 
 
@@ -59,20 +60,32 @@ class ReadCalls:
         await self._ops.checker.confirm([call.job])
         return status_bytes(self._ops.checker, self._state.require(call.job))
 
-    async def _suspect(self, job: str) -> set[str]:
-        """Ask the raylets of ``job``'s nodes now; the ones silent, not yet fenced."""
+    async def _suspect(self, job: str) -> dict[str, str]:
+        """Ask the raylets of ``job``'s nodes now; the verdict on each of them."""
         res = self._state.get(job)
         if res is None or not res.settled:
-            return set()
+            return {}
         return await self._ops.liveness.check_now(res.node_ids())
 
     async def suspects(self, call: JobOf) -> list[str]:
         """The nodes of ``job`` whose raylets do not answer now and that are not fenced
-        yet (each is fenced once silent for ``settings.fence_after``); a refusing one is
-        fenced by this call. Drivers call it when a worker stops answering."""
-        suspects = await self._suspect(call.job)
+        yet (each is fenced once silent for ``settings.fence_after`` and confirmed by
+        witnesses); a refusing one is fenced by this call."""
+        verdicts = await self._suspect(call.job)
         await self._ops.checker.confirm([call.job])
-        return sorted(suspects)
+        return sorted(n for n, v in verdicts.items() if v == SILENT_NODE)
+
+    async def verdicts(self, call: NodesOf) -> dict[str, str]:
+        """The controller's verdict on each node of ``job`` and each of ``nodes`` (the
+        nodes a driver's ranks ran on), after asking the job's raylets now: ``alive``,
+        ``silent`` (no verdict yet), ``dead`` (Ray reports it dead, or it was fenced) or
+        ``unknown`` (placectl's calls are refused there, or the controller suspects
+        itself: Ray's verdict decides). What a driver's ``repair()`` waits on."""
+        await self._suspect(call.job)
+        await self._ops.checker.confirm([call.job])
+        res = self._state.get(call.job)
+        nodes = set(call.nodes) | (res.node_ids() if res is not None else set())
+        return dict(sorted(self._ops.liveness.verdicts(nodes).items()))
 
     async def list(self) -> bytes:
         """Encoded ``list[ReservationInfo]`` of every reservation, by job name."""

@@ -52,9 +52,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # A raylet refusing connections twice this far apart is gone: its node is fenced.
     refused_confirm: float = 0.2
     # A raylet silent this long is stopped, hung or cut off: its node is fenced, well
-    # before Ray's own health checks give up (15 s and more with Ray's defaults). Long
-    # enough that a node loaded to its limit still answers once in between.
-    fence_after: float = 5.0
+    # before Ray's own health checks give up (15 s and more with Ray's defaults), once
+    # witnesses confirm it (below). Counted from the first unanswered check. Long enough
+    # that a node loaded to its limit still answers once in between.
+    fence_after: float = 3.0
+    # Beside the nodes it watches, the controller asks up to this many other nodes each
+    # sweep: its quorum (controller.runtime.evidence). Reaching no strict majority of
+    # the nodes asked, it suspects itself (its own link is down) and fences nothing.
+    quorum_sample: int = 4
+    # A node silent past fence_after is fenced only if this many other nodes that answer
+    # the controller (or those of them that reply) cannot reach its raylet either.
+    witnesses: int = 2
     # A caller that suspects a node (status, repair) waits for its fence at most this
     # long: a fence takes milliseconds, but a GCS slow to answer must not hold the call
     # (the fence goes on, and Ray's node event is acted on when it comes).
@@ -110,7 +118,13 @@ FAST = Settings(
 PREFIX = "PLACECTL_"
 # The least each setting may be: periods and waits must pass, counts may be zero where
 # zero means "none" (warm_budget: no warm-up).
-_LEAST: dict[str, float] = {"refused_confirm": 0.0, "warm_budget": 0, "max_in_flight": 1}
+_LEAST: dict[str, float] = {
+    "refused_confirm": 0.0,
+    "warm_budget": 0,
+    "max_in_flight": 1,
+    "quorum_sample": 0,
+    "witnesses": 1,
+}
 
 
 def variable(name: str) -> str:

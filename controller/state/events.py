@@ -39,6 +39,7 @@ QUOTA = "quota"
 OPERATOR = "operator"
 FENCED = "fenced"  # a node placectl told Ray is dead
 DENIED = "denied"  # a node's raylet or the GCS refused placectl's own calls
+CUT_OFF = "cut_off"  # the controller reaches no majority of nodes (or again does)
 KINDS = (
     QUEUED_EV,
     ADMITTED,
@@ -54,6 +55,7 @@ KINDS = (
     OPERATOR,
     FENCED,
     DENIED,
+    CUT_OFF,
 )
 
 # Causes of a degradation (and of the repair that ends it): data, named where the break
@@ -227,11 +229,18 @@ def denied(key: str, why: str, now: float | None = None) -> Event:
     )
 
 
+def cut_off(what: str, now: float | None = None) -> Event:
+    """The event of the controller suspecting itself (it reaches no majority of the
+    nodes it asks, so it fences nothing), or of its trusting itself again."""
+    return Event(job="", kind=CUT_OFF, message=what, at=time.time() if now is None else now)
+
+
 __all__ = [
     "CAUSES",
     "KINDS",
     "Event",
     "cause_of",
+    "cut_off",
     "denied",
     "fenced",
     "happened",

@@ -128,6 +128,21 @@ class JobOf(msgspec.Struct):
         check_job(self.job)
 
 
+class NodesOf(msgspec.Struct):
+    """A call about some nodes of one job: ``verdicts`` (the nodes its ranks ran on,
+    which may have left its reservation since)."""
+
+    job: str
+    nodes: list[str] = []
+
+    def __post_init__(self) -> None:
+        check_job(self.job)
+        if not isinstance(self.nodes, list) or not all(
+            isinstance(n, str) and n for n in self.nodes
+        ):
+            raise ReservationError(f"nodes {self.nodes!r}: expected a list of node ids")
+
+
 class ComponentOf(msgspec.Struct):
     """A call about one component of a job: ``assignments``, ``component``."""
 

@@ -1,0 +1,308 @@
+"""A Ray cluster of real hosts on one machine, whose network fails as real ones do.
+
+Every host is a Linux network namespace of its own, with its own address and port space,
+joined to the others by a bridge that lives in a namespace of its own (the "switch"):
+one ``ray start`` per host, head on ``192.0.2.1``, workers on ``.2``, ``.3``, ... Its
+faults are the network's, put on the host's cable at the switch or at the host:
+
+* :meth:`Hosts.cut`: a host cut off both ways (its cable unplugged), or one way only;
+* :meth:`Hosts.degrade`: a lossy or slow link (``tc netem`` loss and delay, both ways);
+* :meth:`Hosts.heal`: the cable back as it was.
+
+Cutting the head's own cable is the head losing its uplink. What the harness cannot
+show: every host shares one kernel, one clock, one process table and one file system,
+so a host's processes see the same time, its pids are valid everywhere (which makes
+reading a host's process table easy: :meth:`Hosts.pids`), and a cut never stops a disk.
+
+Addresses are TEST-NET-1's (RFC 5737, ``192.0.2.0/24``), routed nowhere: traffic goes
+only between the hosts made here. Needs root and iproute2 (``ip``, ``tc``), as CI has;
+:func:`unavailable` says why a machine cannot. Everything it starts ends with it: every
+process of every host (``ip netns pids``) is killed, then the namespaces are deleted.
+Namespaces left by a harness whose process died are swept at the next start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+SUBNET = "192.0.2"  # TEST-NET-1: documentation addresses, routed nowhere
+PORT = 6379
+_PREFIX = "pchost"  # every namespace this harness makes starts so, then the owner's pid
+
+
+def unavailable() -> str | None:
+    """Why this machine cannot run hosts (not root, no ``ip``/``tc``, namespaces
+    refused), or None if it can."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is missing (Debian: apt-get install iproute2)"
+    probe = f"{_PREFIX}probe{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"`ip netns add` refused: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+@dataclass(frozen=True)
+class Host:
+    """One host: its namespace, address, and the two ends of its cable."""
+
+    index: int
+    netns: str
+    ip: str
+    nic: str  # the cable's end inside the host
+    port: str  # the cable's end at the switch
+
+    @property
+    def is_head(self) -> bool:
+        return self.index == 0
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+    return done
+
+
+def _tc(netns: str, *args: str) -> None:
+    subprocess.run(["ip", "netns", "exec", netns, "tc", *args], capture_output=True)
+
+
+class Hosts:
+    """A Ray cluster of ``workers`` + 1 hosts in network namespaces.
+
+    Args:
+        workers: hosts beside the head.
+        gpus, cpus: what each worker host declares (fake GPUs).
+        head_cpus: the head's CPUs (it declares no GPUs: the controller runs there).
+        system_config: Ray's ``--system-config`` for the head (its health checks).
+        env: variables every process of every host sees, beside the test hooks'.
+    """
+
+    def __init__(
+        self,
+        workers: int = 3,
+        gpus: int = 2,
+        cpus: int = 2,
+        head_cpus: int = 2,
+        system_config: dict | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        if not 1 <= workers <= 250:
+            raise ValueError(f"workers={workers}: expected 1 to 250 hosts beside the head")
+        self.owner = f"{_PREFIX}{os.getpid()}"
+        self.switch = f"{self.owner}sw"
+        self.hosts = [
+            Host(i, f"{self.owner}h{i}", f"{SUBNET}.{i + 1}", f"ph{os.getpid()}x{i}"[-15:],
+                 f"ps{os.getpid()}x{i}"[-15:])
+            for i in range(workers + 1)
+        ]  # fmt: skip
+        self.gpus, self.cpus, self.head_cpus = gpus, cpus, head_cpus
+        self.system_config = system_config or {}
+        self.env = {
+            **os.environ,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "PLACECTL_TEST_HOOKS": "1",
+            **(env or {}),
+        }
+        self.tmp = ""
+        self._made: list[str] = []
+
+    @property
+    def address(self) -> str:
+        """The head's GCS address, as a driver on any host passes it to ``ray.init``."""
+        return f"{self.hosts[0].ip}:{PORT}"
+
+    @property
+    def head(self) -> Host:
+        return self.hosts[0]
+
+    # ------------------------------------------------------------ life
+    def __enter__(self) -> Hosts:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self, timeout: float = 180.0) -> Hosts:
+        """Make the network, then start Ray on every host; returns once every host's
+        node is alive in Ray."""
+        why = unavailable()
+        if why is not None:
+            raise RuntimeError(f"cannot run hosts in network namespaces here: {why}")
+        _sweep_stale()
+        try:
+            self._network()
+            self.tmp = tempfile.mkdtemp(prefix="placectl-hosts-")
+            self._ray_start(self.head, ["--head", f"--port={PORT}"])
+            starts = [
+                (h, self._ray_start(h, [f"--address={self.address}"], wait=False))
+                for h in self.hosts[1:]
+            ]
+            for h, p in starts:
+                if p.wait(timeout=timeout) != 0:
+                    raise RuntimeError(f"ray start on {h.ip} failed: {self._log(h)[-2000:]}")
+            self._wait_nodes(timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        """Kill every process of every host, then delete the namespaces."""
+        for ns in [h.netns for h in self.hosts] + [self.switch]:
+            if ns in self._made:
+                _kill_netns(ns)
+        for ns in reversed(self._made):
+            _ip("netns", "del", ns, check=False)
+        self._made.clear()
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = ""
+
+    def _network(self) -> None:
+        _ip("netns", "add", self.switch)
+        self._made.append(self.switch)
+        _ip("-n", self.switch, "link", "set", "lo", "up")
+        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "link", "set", "br0", "up")
+        for h in self.hosts:
+            _ip("netns", "add", h.netns)
+            self._made.append(h.netns)
+            _ip("-n", h.netns, "link", "set", "lo", "up")
+            _ip("link", "add", h.nic, "netns", h.netns, "type", "veth", "peer", "name", h.port,
+                "netns", self.switch)  # fmt: skip
+            _ip("-n", h.netns, "addr", "add", f"{h.ip}/24", "dev", h.nic)
+            _ip("-n", h.netns, "link", "set", h.nic, "up")
+            _ip("-n", self.switch, "link", "set", h.port, "master", "br0")
+            _ip("-n", self.switch, "link", "set", h.port, "up")
+
+    def _ray_start(self, h: Host, args: list[str], wait: bool = True) -> subprocess.Popen:
+        ray = os.path.join(os.path.dirname(sys.executable), "ray")
+        argv = [
+            ray, "start", *args, f"--node-ip-address={h.ip}",
+            f"--temp-dir={os.path.join(self.tmp, f'h{h.index}')}",
+            f"--num-cpus={self.head_cpus if h.is_head else self.cpus}",
+            f"--num-gpus={0 if h.is_head else self.gpus}",
+            "--disable-usage-stats",
+        ]  # fmt: skip
+        if h.is_head:
+            argv.append("--include-dashboard=false")
+            if self.system_config:
+                argv.append(f"--system-config={json.dumps(self.system_config)}")
+        log = open(self._log_path(h), "a")  # noqa: SIM115 (the child holds it)
+        p = self.run(h, argv, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        if wait:
+            p.wait(timeout=180)
+            if p.returncode != 0:
+                raise RuntimeError(f"ray start on {h.ip} failed: {self._log(h)[-2000:]}")
+        return p
+
+    def _log_path(self, h: Host) -> str:
+        return os.path.join(self.tmp, f"ray-start-h{h.index}.log")
+
+    def _log(self, h: Host) -> str:
+        with contextlib.suppress(OSError), open(self._log_path(h)) as f:
+            return f.read()
+        return ""
+
+    def _wait_nodes(self, timeout: float) -> None:
+        want = len(self.hosts)
+        code = (
+            "import ray, time, sys\n"
+            f"ray.init(address={self.address!r}, logging_level='ERROR')\n"
+            f"end = time.monotonic() + {timeout}\n"
+            "while time.monotonic() < end:\n"
+            "    n = sum(1 for x in ray.nodes() if x['Alive'])\n"
+            f"    if n >= {want}: sys.exit(0)\n"
+            "    time.sleep(0.2)\n"
+            "sys.exit(1)\n"
+        )
+        if self.run(self.head, [sys.executable, "-c", code]).wait(timeout=timeout + 60) != 0:
+            raise RuntimeError(f"not all {want} hosts joined the cluster within {timeout:g}s")
+
+    # ------------------------------------------------------------ processes
+    def run(self, host: Host | int, argv: Sequence[str], **popen) -> subprocess.Popen:
+        """Start ``argv`` on ``host`` (inside its namespace), with the hosts' variables."""
+        h = self.hosts[host] if isinstance(host, int) else host
+        env = {**self.env, **popen.pop("env", {})}
+        return subprocess.Popen(["ip", "netns", "exec", h.netns, *argv], env=env, **popen)
+
+    def pids(self, host: Host | int) -> list[int]:
+        """Every process running on ``host`` now (its namespace's process table)."""
+        h = self.hosts[host] if isinstance(host, int) else host
+        return _netns_pids(h.netns)
+
+    # ------------------------------------------------------------ faults
+    def cut(self, host: Host | int, way: str = "both") -> None:
+        """Cut ``host`` off: ``both`` ways (its cable unplugged at the switch), or only
+        what comes ``in`` to it, or only what goes ``out`` of it (every packet lost)."""
+        h = self.hosts[host] if isinstance(host, int) else host
+        if way == "both":
+            _ip("-n", self.switch, "link", "set", h.port, "down")
+        elif way == "in":  # the switch's end sends toward the host
+            _tc(self.switch, "qdisc", "replace", "dev", h.port, "root", "netem", "loss", "100%")
+        elif way == "out":
+            _tc(h.netns, "qdisc", "replace", "dev", h.nic, "root", "netem", "loss", "100%")
+        else:
+            raise ValueError(f"way={way!r}: expected 'both', 'in' or 'out'")
+
+    def degrade(self, host: Host | int, loss: float = 0.0, delay_ms: float = 0.0) -> None:
+        """Make ``host``'s link lossy (``loss``: the share of packets lost, 0-1) and slow
+        (``delay_ms`` more each way), in both directions."""
+        h = self.hosts[host] if isinstance(host, int) else host
+        if not 0 <= loss <= 1 or delay_ms < 0:
+            raise ValueError(f"loss={loss}, delay_ms={delay_ms}: expected 0-1 and >= 0")
+        netem = ["netem", "loss", f"{loss * 100:g}%", "delay", f"{delay_ms:g}ms"]
+        _tc(self.switch, "qdisc", "replace", "dev", h.port, "root", *netem)
+        _tc(h.netns, "qdisc", "replace", "dev", h.nic, "root", *netem)
+
+    def heal(self, host: Host | int) -> None:
+        """``host``'s cable as it was: plugged in, no loss, no delay."""
+        h = self.hosts[host] if isinstance(host, int) else host
+        _tc(self.switch, "qdisc", "del", "dev", h.port, "root")
+        _tc(h.netns, "qdisc", "del", "dev", h.nic, "root")
+        _ip("-n", self.switch, "link", "set", h.port, "up")
+
+
+def _netns_pids(netns: str) -> list[int]:
+    done = _ip("netns", "pids", netns, check=False)
+    return [int(p) for p in done.stdout.split() if p.isdigit()]
+
+
+def _kill_netns(netns: str) -> None:
+    """Kill every process in ``netns`` until none is left (a dying raylet's workers)."""
+    deadline = time.monotonic() + 20
+    while (pids := _netns_pids(netns)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, 9)
+        time.sleep(0.1)
+
+
+def _sweep_stale() -> None:
+    """Delete the namespaces of harnesses whose process is gone."""
+    names = _ip("netns", "list", check=False).stdout.split()
+    for name in (n for n in names if n.startswith(_PREFIX)):
+        digits = "".join(c for c in name[len(_PREFIX) :].split("h")[0].split("s")[0])
+        if not digits.isdigit() or os.path.exists(f"/proc/{digits}"):
+            continue
+        _kill_netns(name)
+        _ip("netns", "del", name, check=False)
+
+
+__all__ = ["SUBNET", "Host", "Hosts", "unavailable"]

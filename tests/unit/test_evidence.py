@@ -1,0 +1,168 @@
+"""The fencing rule on the fake cluster's network: a silence is fenced only on evidence
+that the node, not the controller, is gone (controller.runtime.evidence). The fake cuts
+nodes off both ways (``fake.cut``), the controller's own node included, and single paths
+(``fake.links_down``); Ray never gives up on a node here, so every fence is placectl's."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from controller.runtime import evidence
+from controller.runtime.channels import CallDenied
+from controller.runtime.settings import FAST
+from tests.unit.fakes import cluster, controller, run, spec, stored, until
+
+# fence_after long against the sweeps (5 ms) but short for a test: a loop stalled for a
+# moment on a loaded machine still sees dozens of sweeps within it.
+RULE = msgspec.structs.replace(FAST, fence_after=0.3)
+
+
+async def _reserved(fake, settings=RULE, num_nodes=3):
+    """Two slots on a cluster of a head (a node of the three) and 3 GPU nodes: one spare."""
+    ctl = await controller(fake, settings)
+    await ctl.reserve("j", spec("0-7", num_nodes=num_nodes))
+    return ctl
+
+
+def _kinds(fake) -> list[str]:
+    return [e.kind for e in fake.metrics.events]
+
+
+def test_the_rule_counts_the_controller_itself_and_wants_a_strict_majority():
+    assert not evidence.cut_off(reached=2, asked=3)  # 3 of 4 with itself
+    assert evidence.cut_off(reached=1, asked=3)  # 2 of 4: no majority
+    assert evidence.cut_off(reached=0, asked=3)  # the head's own link is down
+    assert evidence.cut_off(reached=0, asked=1)  # head and one node: never a majority
+    assert not evidence.cut_off(reached=1, asked=1)
+    assert not evidence.cut_off(reached=0, asked=0)  # nothing asked: nothing to judge
+
+
+def test_a_node_cut_off_while_the_head_is_fine_is_fenced_once_witnesses_agree():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await _reserved(fake)
+        lost = stored(fake, "j").slots[0].node_id
+        fake.cut.add(lost)
+        record = await until(
+            lambda: (r := stored(fake, "j")).epoch == 2 and r.state == "ready" and r
+        )
+        assert lost not in {s.node_id for s in record.slots}
+        assert "cannot reach it either" in fake.fenced[lost]
+        witnesses = set(fake.witnessed)
+        assert witnesses and lost not in witnesses and fake.own_node() not in witnesses
+        assert (await ctl.health())["cut_off"] is None
+        await ctl.stop()
+
+    run(go())
+
+
+def test_the_head_cut_off_fences_nothing_and_says_so():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await _reserved(fake)
+        nodes = {s.node_id for s in stored(fake, "j").slots}
+        fake.cut.add(fake.own_node())  # every raylet falls silent at once
+        await until(lambda: "cut_off" in _kinds(fake))
+        await asyncio.sleep(4 * RULE.fence_after)  # silent far past fence_after
+        assert fake.fenced == {} and fake.calls["fence"] == 0
+        health = await ctl.health()
+        assert health["cut_off"]["reached"] == 0 and health["cut_off"]["asked"] == 3
+        assert set((await ctl.verdicts("j")).values()) <= {"unknown", "alive"}
+        assert {v for n, v in (await ctl.verdicts("j")).items() if n in nodes} == {"unknown"}
+        assert "withheld" in fake.metrics.fences
+        fake.cut.clear()  # the blip ends: every node kept its slot
+        await until(lambda: _kinds(fake).count("cut_off") == 2)
+        assert (await ctl.health())["cut_off"] is None
+        record = stored(fake, "j")
+        assert record.epoch == 1 and record.state == "ready"
+        assert {s.node_id for s in record.slots} == nodes
+        await ctl.stop()
+
+    run(go())
+
+
+def test_two_of_three_nodes_cut_off_is_a_minority_and_left_to_ray():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await _reserved(fake)
+        slots = [s.node_id for s in stored(fake, "j").slots]
+        fake.cut.update(slots)  # the head reaches only the spare: 2 of 4 with itself
+        await until(lambda: "cut_off" in _kinds(fake))
+        await asyncio.sleep(4 * RULE.fence_after)
+        assert fake.fenced == {}
+        fake.kill_node(slots[0])  # Ray's own health checks give up: repaired then
+        await until(lambda: stored(fake, "j").epoch == 2)
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_node_silent_to_the_controller_alone_is_not_fenced():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await _reserved(fake)
+        node = stored(fake, "j").slots[0].node_id
+        fake.links_down.add(frozenset((fake.own_node(), node)))  # one path, not the node
+        await until(lambda: fake.calls["witness"] >= 2)
+        await asyncio.sleep(4 * RULE.fence_after)
+        assert fake.fenced == {}
+        assert stored(fake, "j").epoch == 1
+        await ctl.stop()
+
+    run(go())
+
+
+def test_with_no_witness_replying_nothing_is_fenced():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await _reserved(fake)
+        lost = stored(fake, "j").slots[0].node_id
+        fake.crash_node(lost, "silent")
+
+        async def mute(witness, addresses, timeout):
+            return None  # every witness task is lost on its way
+
+        fake.witness_answers = mute
+        await until(lambda: "withheld" in fake.metrics.fences)
+        await asyncio.sleep(2 * RULE.fence_after)
+        assert fake.fenced == {}
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_lossy_path_that_answers_now_and_then_is_never_fenced():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await _reserved(fake)
+        node = stored(fake, "j").slots[1].node_id
+        for _ in range(10):  # silent 60% of the time, each silence a third of fence_after
+            fake.cut.add(node)
+            await asyncio.sleep(0.1)
+            fake.cut.discard(node)
+            await asyncio.sleep(0.07)
+        assert fake.fenced == {}
+        assert stored(fake, "j").epoch == 1
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_refused_fence_is_tried_again_and_goes_through_once_mended():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await _reserved(fake)
+        fake.fence_refusal = CallDenied("UNAUTHENTICATED: InvalidAuthToken")
+        lost = stored(fake, "j").slots[0].node_id
+        fake.crash_node(lost)  # refuses connections: a fence is due
+        await until(lambda: fake.calls["fence"] >= 2, timeout=10)  # not off for good
+        assert "gcs" in (await ctl.health())["denied"]
+        fake.fence_refusal = None  # the operator mends the token
+        await until(lambda: lost in fake.fenced, timeout=15)
+        await until(lambda: stored(fake, "j").epoch == 2)
+        assert "gcs" not in (await ctl.health())["denied"]
+        await ctl.stop()
+
+    run(go())

@@ -1,0 +1,149 @@
+"""The driver's verdict (clients.verdict.settle) against a real controller on the fake
+cluster: the node verdicts come from the controller's own ``verdicts`` call, run on an
+event loop of its own as a Ray actor runs it; the ranks' answers and Ray's actor table
+are what each case makes of them. No Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import msgspec
+import pytest
+
+from clients.verdict import final, settle
+from controller.runtime.answers import DENIED, OK, REFUSED, SILENT
+from controller.runtime.settings import FAST
+from tests.unit.fakes import cluster, controller, spec, stored
+
+SETTINGS = msgspec.structs.replace(FAST, fence_after=0.3, liveness_period=0.02)
+
+
+class Cluster:
+    """A controller on the fake cluster, served from a thread as an actor is."""
+
+    def __init__(self) -> None:
+        self.fake = cluster(gpu_nodes=3)
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.ctl = self.call(self._start())
+        self.slots = [s.node_id for s in stored(self.fake, "j").slots]
+        # ranks 0-3 on the first slot's node, 4-7 on the second's
+        self.nodes = [self.slots[0]] * 4 + [self.slots[1]] * 4
+
+    async def _start(self):
+        ctl = await controller(self.fake, SETTINGS)
+        await ctl.reserve("j", spec("0-7", num_nodes=3))
+        return ctl
+
+    def call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    def in_loop(self, fn):
+        async def go():
+            return fn()
+
+        return self.call(go())
+
+    def verdicts(self) -> dict[str, str]:
+        return self.call(self.ctl.verdicts("j", sorted(set(self.nodes))))
+
+    def dead_nodes(self) -> set[str]:
+        return self.in_loop(
+            lambda: {n for n, x in self.fake.nodes_by_id.items() if not x.info.alive}
+        )
+
+    def close(self) -> None:
+        self.call(self.ctl.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+@pytest.fixture
+def world():
+    w = Cluster()
+    yield w
+    w.close()
+
+
+def _settle(world, answer_of, dead, within=5.0, said=None):
+    return settle(
+        list(range(8)),
+        world.nodes,
+        ask_nodes=world.verdicts,
+        ask_ranks=lambda ranks: {r: answer_of(r) for r in ranks},
+        dead=dead,
+        within=within,
+        say=(said.append if said is not None else lambda m: None),
+    )
+
+
+def test_a_refusal_is_never_taken_for_an_answer():
+    assert not final(DENIED, "silent") and not final(DENIED, "unknown")
+    assert not final(OK, "dead")  # its node was fenced: lost, whatever it says
+    assert final(DENIED, "alive") and final(OK, "alive") and final(OK, "unknown")
+    assert not final(SILENT, "alive") and not final(REFUSED, "alive")
+
+
+def test_ranks_refusing_placectl_on_a_node_that_died_wait_for_rays_verdict(world):
+    """The refused-token race: a node dies abruptly while its workers, for a moment
+    alive, refuse placectl's credentials. Their answers say nothing; the controller's
+    verdict on the node (its raylet refuses connections: fenced) and then Ray's actor
+    table decide, and repair() relaunches them."""
+    lost = world.slots[0]
+    world.in_loop(lambda: world.fake.crash_node(lost))  # the raylet is gone
+    dead_after = {}
+
+    def dead():
+        gone = world.dead_nodes()
+        if lost in gone:  # Ray's actor table follows the node's death a moment later
+            dead_after.setdefault("at", time.monotonic() + 0.3)
+        if time.monotonic() < dead_after.get("at", float("inf")):
+            return set()
+        return {r for r in range(8) if world.nodes[r] in gone}
+
+    started = time.monotonic()
+    hung = _settle(world, lambda r: DENIED, dead)
+    assert hung == []
+    assert lost in world.fake.fenced  # the controller's verdict, not a guess
+    assert dead() == {0, 1, 2, 3}  # it returned once Ray agreed, not before
+    assert time.monotonic() - started < 5.0  # and well before `within`
+
+
+def test_ranks_refusing_placectl_on_a_live_node_are_not_waited_for(world):
+    started = time.monotonic()
+    assert _settle(world, lambda r: DENIED, lambda: set()) == []
+    assert time.monotonic() - started < 1.0
+    assert world.fake.fenced == {}
+
+
+def test_a_silent_rank_on_a_live_node_is_hung(world):
+    said = []
+    hung = _settle(world, lambda r: SILENT if r == 5 else OK, lambda: set(), within=1.5, said=said)
+    assert hung == [5]
+    assert any("have no verdict yet" in m for m in said)
+
+
+def test_silent_ranks_while_the_controller_is_cut_off_are_never_called_hung(world):
+    world.in_loop(lambda: world.fake.cut.add(world.fake.own_node()))
+    hung = _settle(world, lambda r: SILENT, lambda: set(), within=1.5)
+    assert hung == []  # nothing known: nothing killed, Ray decides
+    assert world.fake.fenced == {}
+    assert set(world.verdicts().values()) == {"unknown"}
+
+
+def test_a_rank_that_still_answers_on_a_fenced_node_is_lost(world):
+    fenced = world.slots[1]
+    world.in_loop(lambda: world.fake.crash_node(fenced))
+    deadline = time.monotonic() + 10
+    while fenced not in world.dead_nodes() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fenced in world.fake.fenced
+    table_at = time.monotonic() + 0.5  # Ray's actor table agrees half a second later
+
+    def dead():
+        return {4, 5, 6, 7} if time.monotonic() >= table_at else set()
+
+    # Its workers still answer for a moment (their raylet died first): lost all the same.
+    hung = _settle(world, lambda r: OK, dead)
+    assert hung == [] and time.monotonic() >= table_at
