@@ -269,7 +269,7 @@ class Controller(ChangeClient, QueueClient):
         """The controller's verdict on each node of ``job`` and of ``nodes``, asked now:
         ``alive``, ``silent`` (no verdict yet), ``dead`` (by Ray, or fenced) or
         ``unknown`` (its calls are refused there, or it suspects itself: Ray decides)."""
-        return self.call("verdicts", NodesOf(job, sorted(set(nodes or []))))
+        return self.call("verdicts", NodesOf(job, tuple(sorted(set(nodes or [])))))
 
     def release(self, job: str, force: bool = False) -> bool:
         """Release ``job`` (cancelling a reserve of it in progress); True if it existed.

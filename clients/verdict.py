@@ -155,7 +155,7 @@ def settle(
         if not left or waited >= within:
             break
         if not said and waited >= 1.0:
-            what = {r: f"{got.get(r)} on a {verdicts.get(nodes[r], ALIVE)} node" for r in left}
+            what = {r: f"{got.get(r)}, node {verdicts.get(nodes[r], ALIVE)}" for r in left}
             say(f"ranks {left} have no verdict yet ({what}); waiting up to {within:g}s")
             said = True
         sleep(0.2)

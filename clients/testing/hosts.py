@@ -221,6 +221,7 @@ class Hosts:
         return ""
 
     def _wait_nodes(self, timeout: float) -> None:
+        """Until as many nodes as hosts are alive in Ray (a host's dead nodes aside)."""
         want = len(self.hosts)
         code = (
             "import ray, time, sys\n"
@@ -234,6 +235,17 @@ class Hosts:
         )
         if self.run(self.head, [sys.executable, "-c", code]).wait(timeout=timeout + 60) != 0:
             raise RuntimeError(f"not all {want} hosts joined the cluster within {timeout:g}s")
+
+    def restart(self, host: Host | int, timeout: float = 120.0) -> None:
+        """``host`` rebooted: every process on it killed, its cable healed, and Ray
+        started on it again as a new node (a worker host only)."""
+        h = self.hosts[host] if isinstance(host, int) else host
+        if h.is_head:
+            raise ValueError("restart() takes a worker host; the head is the cluster")
+        _kill_netns(h.netns)
+        self.heal(h)
+        self._ray_start(h, [f"--address={self.address}"])
+        self._wait_nodes(timeout)
 
     # ------------------------------------------------------------ processes
     def run(self, host: Host | int, argv: Sequence[str], **popen) -> subprocess.Popen:

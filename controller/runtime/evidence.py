@@ -15,11 +15,14 @@ becomes a fence only with evidence from elsewhere, the rule SWIM uses:
    forgets the silences it saw (they prove nothing), and Ray's own health checks
    decide. Two nodes (head and one) can never outvote each other: a silent node there
    is Ray's to judge.
-2. **Witnesses.** A node silent for ``settings.fence_after`` is fenced only once
-   ``settings.witnesses`` other nodes that answered the controller have asked its
-   raylet themselves (a task on each, :func:`controller.runtime.probe.witness`) and
-   none of them reached it. A witness that does not reply in time counts for nothing;
-   with no reply at all, nothing is fenced this sweep.
+2. **Witnesses.** From its first silent sweep on, a node's raylet is asked by up to
+   ``settings.witnesses`` other nodes that answered the controller (a task on each,
+   :func:`controller.runtime.probe.witness`), again and again in the background while
+   the silence lasts (:class:`Witnessing`). Silent for ``settings.fence_after``, it is
+   fenced only if the latest of those opinions, asked since the silence began, says
+   that no witness reached it. A witness that does not reply in time counts for
+   nothing; with no reply at all, nothing is fenced. A witness that reaches it ends
+   the doubt: the path from the controller is at fault, not the node.
 
 A raylet that *refuses* connections needs neither: the refusal is its host's own
 word that nothing listens there (:mod:`controller.runtime.liveness`).
@@ -30,10 +33,13 @@ Pure helpers and one awaited fan-out; imports no Ray.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from controller.runtime.answers import DENIED, OK, REFUSED
 from controller.runtime.io import ClusterIO
+from controller.runtime.tasks import Tasks
 
 REACHED = (OK, DENIED, REFUSED)  # any answer proves the path to that host works
 
@@ -78,4 +84,50 @@ async def confirmed(
     return set(addresses) - reached, len(heard)
 
 
-__all__ = ["REACHED", "bystanders", "confirmed", "cut_off", "witnesses"]
+class Opinion(NamedTuple):
+    """What the witnesses said of one silent node."""
+
+    asked_at: float  # monotonic time the question left
+    silent: bool  # some witness replied, and none of those that did reached it
+    heard: int  # witnesses that replied
+    asked: int  # witnesses asked
+
+
+class Witnessing:
+    """Second opinions on the nodes silent to the controller, asked in the background
+    while each silence lasts, one question per node in flight at a time: by the time a
+    silence reaches ``fence_after`` an opinion at most a question old is at hand."""
+
+    def __init__(self, io: ClusterIO, tasks: Tasks, timeout: float) -> None:
+        self._io, self._tasks, self._timeout = io, tasks, timeout
+        self.latest: dict[str, Opinion] = {}
+
+    def ask(self, node: str, address: str, chosen: list[str]) -> None:
+        """Have ``chosen`` ask ``node``'s raylet at ``address``, unless a question about
+        it is in flight."""
+        if chosen and self._tasks.get("witness", node) is None:
+            self._tasks.start("witness", node, self._ask(node, address, chosen))
+
+    async def _ask(self, node: str, address: str, chosen: list[str]) -> None:
+        asked_at = time.monotonic()
+        silent, heard = await confirmed(self._io, chosen, {node: address}, self._timeout)
+        self.latest[node] = Opinion(asked_at, node in silent, heard, len(chosen))
+
+    def since(self, node: str, began: float) -> Opinion | None:
+        """The latest opinion on ``node`` asked no earlier than ``began``."""
+        got = self.latest.get(node)
+        return got if got is not None and got.asked_at >= began else None
+
+    def forget(self, node: str) -> None:
+        self.latest.pop(node, None)
+
+
+__all__ = [
+    "REACHED",
+    "Opinion",
+    "Witnessing",
+    "bystanders",
+    "confirmed",
+    "cut_off",
+    "witnesses",
+]

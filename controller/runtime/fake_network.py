@@ -17,12 +17,17 @@ class FakeNetwork:
             controller's own node among them: it reaches no one.
         links_down: ``{a, b}``: the path between two nodes only.
         witnessed: witness node -> how often it was asked.
+        kept_witnesses: the nodes the controller keeps a witness standing on.
     """
 
     def __init__(self) -> None:
         self.cut: set[str] = set()
         self.links_down: set[frozenset[str]] = set()
         self.witnessed: collections.Counter[str] = collections.Counter()
+        self.kept_witnesses: list[str] = []
+
+    def keep_witnesses(self, node_ids: list[str]) -> None:
+        self.kept_witnesses = list(node_ids)
 
     def _seen_from(self, where: str, addresses) -> dict[str, str]:
         nodes = self.nodes_by_id

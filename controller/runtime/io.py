@@ -114,6 +114,11 @@ class ClusterIO(Protocol):
         ``why`` gets the reason of each ``denied``."""
         ...
 
+    def keep_witnesses(self, node_ids: list[str]) -> None:
+        """Keep a witness standing on each of ``node_ids`` (and on no other node), ready
+        to answer :meth:`witness_answers` at once."""
+        ...
+
     async def witness_answers(
         self, witness: str, addresses: dict[str, str], timeout: float
     ) -> dict[str, str] | None:

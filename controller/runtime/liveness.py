@@ -89,23 +89,30 @@ class Liveness:
         self.cut_off: dict | None = None
         self.withheld: set[str] = set()
         self.answers: dict[str, str] = {}
+        self.witnessing = evidence.Witnessing(ctx.io, ctx.tasks, ctx.settings.liveness_timeout)
 
     def start(self) -> None:
         self._tasks.start("liveness", "watch", self._watch())
 
     async def _watch(self) -> None:
+        took = 0.0
         while True:
-            await asyncio.sleep(self.settings.liveness_period)
+            # A sweep every period: one that waited out a silent raylet's timeout
+            # counts toward it, so a silence is seen as often as an answer.
+            await asyncio.sleep(max(self.settings.liveness_period - took, 0.0))
+            started = time.monotonic()
             try:
                 watched = self.watched()
-                for doubts in (self._silent_since, self._refused_at, self._retry_at, self.answers):
-                    for node in set(doubts) - watched:  # released: its doubts go too, so
-                        del doubts[node]  # a later reservation there starts afresh
+                doubts = (self._silent_since, self._refused_at, self._retry_at, self.answers)
+                for doubt in (*doubts, self.witnessing.latest):
+                    for node in set(doubt) - watched:  # released: its doubts go too, so
+                        del doubt[node]  # a later reservation there starts afresh
                 await self.sweep(watched)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("raylet health sweep failed; the next one will run")
+            took = time.monotonic() - started
 
     def watched(self) -> set[str]:
         """The alive nodes holding a slot of a settled reservation, but the head."""
@@ -121,6 +128,9 @@ class Liveness:
         :mod:`controller.runtime.evidence`); start the fence of those certainly gone (a
         caller waits for it with :meth:`fences`). Returns the nodes whose fence runs."""
         started = time.monotonic()
+        if not node_ids:
+            self._io.keep_witnesses([])  # nothing watched: no witness kept either
+            return set()
         asked = set(node_ids) | set(self._bystanders(node_ids))
         addresses = {}
         for n in sorted(asked):
@@ -134,12 +144,16 @@ class Liveness:
         now = time.monotonic()
         self.answers.update({n: a for n, a in got.items() if n in node_ids})
         self._judge_self(sum(a in REACHED for a in got.values()), len(got))
-        fencing, overdue = set(), set()
+        if self.cut_off is None:  # one spare beyond those a suspect's loss would leave
+            k = self.settings.witnesses + 1
+            self._io.keep_witnesses(evidence.witnesses(got, set(self._silent_since), k))
+        fencing = set()
         for node in sorted(set(got) & set(node_ids)):
             answer = got[node]
             if answer in (OK, DENIED):  # alive, or nothing known: no doubt either way
                 self._silent_since.pop(node, None)
                 self._refused_at.pop(node, None)
+                self.witnessing.forget(node)
                 if answer == DENIED:
                     self._refused_us(node, why.get(node, "refused"))
                 continue
@@ -154,53 +168,50 @@ class Liveness:
                 self._refused_at.pop(node, None)
                 if self.cut_off is not None:  # the controller's own silence: no evidence
                     self._silent_since.pop(node, None)
+                    self.witnessing.forget(node)
                     continue
                 since = self._silent_since.setdefault(node, started)
-            if now - since >= self.settings.fence_after:
-                overdue.add(node)
-        if overdue:
-            fencing |= await self._witnessed(overdue, got, addresses)
-        elif self._silent_since:  # witnesses warm before they are needed
-            for w in evidence.witnesses(got, set(self._silent_since), self.settings.witnesses):
-                self._io.warm(w)
+                if self._second_opinion(node, since, now, got, addresses) and (
+                    now - since >= self.settings.fence_after
+                ):
+                    fencing.add(self._fence(node, self._why_silent(node, now - since)))
+                continue
+            if now - since >= self.settings.fence_after:  # refused, not twice yet
+                why_ = f"its raylet has not answered for {now - since:.1f}s"
+                fencing.add(self._fence(node, why_))
         return fencing - {""}
+
+    def _second_opinion(
+        self, node: str, since: float, now: float, got: dict[str, str], addresses: dict[str, str]
+    ) -> bool:
+        """Whether the witnesses' latest opinion on silent ``node`` (asked since its
+        silence began) is that none of them reaches it either; asks them again. One that
+        reaches it ends the doubt."""
+        opinion = self.witnessing.since(node, since)
+        if opinion is not None and opinion.heard and not opinion.silent:
+            self._silent_since.pop(node, None)  # the path from here is at fault
+            self.witnessing.forget(node)
+            log.warning("node %s is silent to the controller but answers others", node[:12])
+            return False
+        silent = set(self._silent_since)
+        chosen = evidence.witnesses(got, silent, self.settings.witnesses)
+        self.witnessing.ask(node, addresses[node], chosen)
+        if opinion is not None and opinion.silent:
+            return True
+        if now - since >= self.settings.fence_after and (opinion is not None or not chosen):
+            self._unwitnessed(node, chosen)  # nobody replied, or nobody to ask
+        return False
+
+    def _why_silent(self, node: str, silent_for: float) -> str:
+        o = self.witnessing.latest[node]
+        seen = f"{o.heard} of {o.asked} other node(s) cannot reach it either"
+        return f"its raylet has not answered for {silent_for:.1f}s; {seen}"
 
     def _bystanders(self, watched: set[str]) -> list[str]:
         heads = {n for n in self._nodes.alive_ids() if (i := self._nodes.info(n)) and i.is_head}
         own = self._io.own_node()
         k = self.settings.quorum_sample
         return evidence.bystanders(self._nodes.alive_ids(), watched, own, heads, k)
-
-    async def _witnessed(
-        self, overdue: set[str], got: dict[str, str], addresses: dict[str, str]
-    ) -> set[str]:
-        """Fence the ``overdue`` silent nodes that the witnesses cannot reach either."""
-        chosen = evidence.witnesses(got, overdue, self.settings.witnesses)
-        targets = {n: addresses[n] for n in overdue}
-        silent, heard = await evidence.confirmed(
-            self._io, chosen, targets, self.settings.liveness_timeout
-        )
-        now = time.monotonic()
-        fencing = set()
-        for node in sorted(overdue):
-            if node not in self._silent_since:  # answered meanwhile (another sweep)
-                continue
-            silent_for = now - self._silent_since[node]
-            if node in silent:
-                seen = f"{heard} of {len(chosen)} other node(s) cannot reach it either"
-                why = f"its raylet has not answered for {silent_for:.1f}s; {seen}"
-                fencing.add(self._fence(node, why))
-            elif heard and node not in self.fenced:
-                # Another node reaches it: the path from here is at fault, not the node.
-                self._silent_since.pop(node, None)
-                log.warning(
-                    "node %s is silent to the controller but answers %s: not fenced",
-                    node[:12],
-                    "another node",
-                )
-            else:
-                self._unwitnessed(node, chosen)
-        return fencing
 
     def _unwitnessed(self, node: str, chosen: list[str]) -> None:
         if node in self.withheld:
@@ -319,6 +330,7 @@ class Liveness:
         self._gone(node)
 
     def _gone(self, node: str) -> None:
+        self.witnessing.forget(node)
         self._silent_since.pop(node, None)
         self._refused_at.pop(node, None)
         self._retry_at.pop(node, None)

@@ -49,13 +49,16 @@ def warm() -> None:
     """Nothing: running it starts (or keeps) an idle worker on the node."""
 
 
-@ray.remote(num_cpus=0, max_calls=0, max_retries=0)
-def witness(addresses: dict[str, str], timeout: float) -> dict[str, str]:
-    """Whether the raylets at ``addresses`` answer *this* node: the controller's second
-    opinion on a node silent to it (:mod:`controller.runtime.evidence`)."""
-    from controller.runtime.answers import answers
+@ray.remote(num_cpus=0, max_restarts=0)
+class Witness:
+    """Kept standing on a few nodes, so that the controller's second opinion on a node
+    silent to it (:mod:`controller.runtime.evidence`) waits for no process to start."""
 
-    return answers(addresses, timeout)
+    def ask(self, addresses: dict[str, str], timeout: float) -> dict[str, str]:
+        """Whether the raylets at ``addresses`` answer *this* node."""
+        from controller.runtime.answers import answers
+
+        return answers(addresses, timeout)
 
 
 def ephemeral_range() -> tuple[int, int]:

@@ -85,6 +85,7 @@ class RayClusterIO:
         self._polling = False
         self._subscribed = False
         self._resubscriptions = 0
+        self._witnesses: dict[str, ray.actor.ActorHandle] = {}  # node -> kept witness
 
     # ------------------------------------------------------------ key-value store
     @staticmethod
@@ -184,16 +185,28 @@ class RayClusterIO:
     ) -> dict[str, str]:
         return await asyncio.to_thread(answers.answers, addresses, timeout, why)
 
+    def keep_witnesses(self, node_ids: list[str]) -> None:
+        for gone in set(self._witnesses) - set(node_ids):
+            with contextlib.suppress(Exception):
+                ray.kill(self._witnesses.pop(gone))
+        for n in node_ids:
+            if n not in self._witnesses:
+                self._witnesses[n] = tasks.Witness.options(scheduling_strategy=_on(n)).remote()
+
     async def witness_answers(
         self, witness: str, addresses: dict[str, str], timeout: float
     ) -> dict[str, str] | None:
-        ref = tasks.witness.options(scheduling_strategy=_on(witness)).remote(addresses, timeout)
-        try:  # the task's own wait, and as long again for it to be placed and reply
+        actor = self._witnesses.get(witness)
+        if actor is None:  # not kept there (yet): one that starts now, and stays
+            self.keep_witnesses([*self._witnesses, witness])
+            actor = self._witnesses[witness]
+        ref = actor.ask.remote(addresses, timeout)
+        try:  # its own wait, and as long again for the call to arrive and reply
             return await asyncio.wait_for(_result(ref), 2 * timeout + WITNESS_SLACK)
-        except Exception as e:  # not placed, lost, or late: this witness says nothing
+        except Exception as e:  # its node lost, or late: this witness says nothing
             log.info("witness %s did not reply: %s", witness[:12], type(e).__name__)
-            with contextlib.suppress(Exception):
-                ray.cancel(ref)
+            if not isinstance(e, asyncio.TimeoutError):
+                self._witnesses.pop(witness, None)  # dead: made anew when next wanted
             return None
 
     async def fence(self, node_id: str, why: str) -> None:
@@ -360,8 +373,8 @@ def _log_wait(message: str) -> None:
     log.warning("%s", message)
 
 
-# A witness task starts on an idle worker the controller keeps warm (ms); a cold one
-# starts a process (about a second on a loaded 2-core machine).
+# A kept witness answers in milliseconds; one started for the question first starts a
+# process (about a second on a loaded 2-core machine).
 WITNESS_SLACK = 1.0
 PROBE_SHARE = 0.0001  # a sliver of the accelerator, so Ray shows the probe its device
 

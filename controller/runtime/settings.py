@@ -55,7 +55,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # before Ray's own health checks give up (15 s and more with Ray's defaults), once
     # witnesses confirm it (below). Counted from the first unanswered check. Long enough
     # that a node loaded to its limit still answers once in between.
-    fence_after: float = 3.0
+    fence_after: float = 2.0
     # Beside the nodes it watches, the controller asks up to this many other nodes each
     # sweep: its quorum (controller.runtime.evidence). Reaching no strict majority of
     # the nodes asked, it suspects itself (its own link is down) and fences nothing.

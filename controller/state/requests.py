@@ -133,11 +133,11 @@ class NodesOf(msgspec.Struct):
     which may have left its reservation since)."""
 
     job: str
-    nodes: list[str] = []
+    nodes: tuple[str, ...] = ()  # a tuple: a mutable default would not pickle with the actor
 
     def __post_init__(self) -> None:
         check_job(self.job)
-        if not isinstance(self.nodes, list) or not all(
+        if not isinstance(self.nodes, (list, tuple)) or not all(
             isinstance(n, str) and n for n in self.nodes
         ):
             raise ReservationError(f"nodes {self.nodes!r}: expected a list of node ids")

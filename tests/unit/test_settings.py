@@ -28,7 +28,7 @@ def test_every_setting_has_its_variable_and_takes_it():
     [
         (
             {"PLACECTL_FENCE_AFTER": "soon"},
-            "PLACECTL_FENCE_AFTER='soon': expected a number of seconds > 0; default 3",
+            "PLACECTL_FENCE_AFTER='soon': expected a number of seconds > 0; default 2",
         ),
         ({"PLACECTL_FENCE_AFTER": "0"}, "expected a number of seconds > 0"),
         ({"PLACECTL_FENCE_AFTER": "inf"}, "expected a number of seconds > 0"),

@@ -1,0 +1,207 @@
+"""A driver to run on a host of :class:`clients.testing.hosts.Hosts`, steered over its
+standard input, one command a line, answering one JSON object a line on its output:
+what a user's training loop does, and what the tests and the benchmark need to see.
+
+``python -m clients.testing.host_driver --address 192.0.2.1:6379 --mode placectl
+--config conf.yaml`` reserves the job ``net``, launches one :class:`Rank` per process of
+its component ``actor`` and answers ``{"event": "ready", "ranks": [...]}``. With
+``--mode plain`` it uses no placectl: one :class:`Rank` actor per worker host, pinned
+there, as a job on Ray alone would hold them. Then, per command:
+
+* ``where``: each rank's pid, host and ``RANK``, or ``null`` where it does not answer
+  within a second (``{"event": "where", "ranks": [...]}``);
+* ``repair`` (placectl): ``WorkerGroup.repair()`` at once, timed (``lost``, ``seconds``);
+* ``health`` (placectl): the controller's ``health()``;
+* ``events`` (placectl): the kinds and messages of the controller's event history;
+* ``nodes``: every node Ray knows, with its address and whether Ray calls it alive;
+* ``quit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import ray
+
+JOB = "net"
+
+
+class Rank:
+    """One process of the job: says where it runs."""
+
+    def where(self) -> dict:
+        return {
+            "pid": os.getpid(),
+            "ip": ray.util.get_node_ip_address(),
+            "node": ray.get_runtime_context().get_node_id(),
+            "rank": os.environ.get("RANK"),
+        }
+
+
+def _out(event: str, **fields) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def _where(actors: list) -> list:
+    refs = [a.where.remote() for a in actors]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0)
+    done = set(ready)
+    out = []
+    for ref in refs:
+        try:
+            out.append(ray.get(ref) if ref in done else None)
+        except Exception:
+            out.append(None)
+    return out
+
+
+def _nodes() -> list:
+    return [
+        {"ip": n["NodeManagerAddress"], "node": n["NodeID"], "alive": bool(n["Alive"])}
+        for n in ray.nodes()
+    ]
+
+
+def _placectl(args) -> None:
+    import clients
+
+    settings = json.loads(args.settings or "{}")
+    ctl = clients.connect(address=args.address, settings=settings)
+    res = ctl.reserve(JOB, args.config, timeout_s=120)
+    group = clients.WorkerGroup.launch(res, "actor", ray.remote(Rank))
+    _out("ready", ranks=group.execute("where"))
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "where":
+            _out("where", ranks=_where(group.actors))
+        elif cmd == "repair":
+            started = time.monotonic()
+
+            def said(m: str, started=started) -> None:
+                _out("progress", message=m, at=round(time.monotonic() - started, 2))
+
+            lost = group.repair(timeout=120, progress=said)
+            _out("repaired", lost=lost, seconds=round(time.monotonic() - started, 2))
+        elif cmd == "health":
+            _out("health", **ctl.health())
+        elif cmd == "events":
+            _out("events", events=[[e.kind, e.message] for e in ctl.events()])
+        elif cmd == "nodes":
+            _out("nodes", nodes=_nodes())
+        elif cmd == "quit":
+            break
+        else:
+            _out("error", message=f"unknown command {cmd!r}")
+    group.shutdown()
+    ctl.release(JOB)
+
+
+def _plain(args) -> None:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ray.init(address=args.address, logging_level="ERROR")
+    own = ray.get_runtime_context().get_node_id()
+    hosts = [n for n in ray.nodes() if n["Alive"] and n["NodeID"] != own]
+    cls = ray.remote(Rank)
+    actors = [
+        cls.options(
+            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], False)
+        ).remote()
+        for n in sorted(hosts, key=lambda n: n["NodeManagerAddress"])
+    ]
+    _out("ready", ranks=ray.get([a.where.remote() for a in actors]))
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "where":
+            _out("where", ranks=_where(actors))
+        elif cmd == "nodes":
+            _out("nodes", nodes=_nodes())
+        elif cmd == "quit":
+            break
+        else:
+            _out("error", message=f"unknown command {cmd!r}")
+
+
+class Driver:
+    """This driver running on one host of ``hosts``, seen from the test's side.
+
+    Args:
+        hosts: a started :class:`clients.testing.hosts.Hosts`.
+        host: where it runs (default the head, as a job's driver usually does).
+        mode, config, settings: as the command line's.
+        ready_timeout: how long it may take to reserve and launch.
+    """
+
+    def __init__(self, hosts, host=0, mode="placectl", config=None, settings=None,
+                 ready_timeout: float = 180.0) -> None:  # fmt: skip
+        argv = [sys.executable, "-u", "-m", "clients.testing.host_driver", "--mode", mode,
+                "--address", hosts.address]  # fmt: skip
+        if config:
+            argv += ["--config", str(config)]
+        if settings:
+            argv += ["--settings", json.dumps(settings)]
+        self.log: list[dict] = []
+        self._lines: queue.Queue = queue.Queue()
+        self.proc = hosts.run(host, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+        threading.Thread(target=self._read, daemon=True).start()
+        self.ready = self.wait("ready", ready_timeout)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self._lines.put(json.loads(line))
+        self._lines.put({"event": "exited", "code": self.proc.wait()})
+
+    def wait(self, event: str, timeout: float) -> dict:
+        """The next answer ``event``; the ones before it are kept in ``log``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                got = self._lines.get(timeout=max(left, 0.01))
+            except queue.Empty:
+                raise TimeoutError(f"no {event!r} from the driver within {timeout:g}s") from None
+            self.log.append(got)
+            if got["event"] == event:
+                return got
+            if got["event"] in ("exited", "error"):
+                raise RuntimeError(f"the driver said {got} while {event!r} was awaited")
+
+    def send(self, command: str) -> None:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+
+    def ask(self, command: str, event: str | None = None, timeout: float = 60.0) -> dict:
+        """Send ``command``; its answer (``event``, by default the command's name)."""
+        self.send(command)
+        return self.wait(event or command, timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.send("quit")
+                self.proc.wait(timeout=60)
+            except Exception:
+                self.proc.kill()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--address", required=True)
+    p.add_argument("--mode", choices=["placectl", "plain"], default="placectl")
+    p.add_argument("--config", help="the job's configuration (placectl mode)")
+    p.add_argument("--settings", help="the controller's settings, as JSON")
+    args = p.parse_args(argv)
+    (_placectl if args.mode == "placectl" else _plain)(args)
+
+
+if __name__ == "__main__":
+    main()
