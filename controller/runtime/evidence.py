@@ -118,7 +118,7 @@ class Witnessing:
         got = self.latest.get(node)
         return got if got is not None and got.asked_at >= began else None
 
-    def forget(self, node: str) -> None:
+    def drop(self, node: str) -> None:
         self.latest.pop(node, None)
 
 

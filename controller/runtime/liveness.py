@@ -153,7 +153,7 @@ class Liveness:
             if answer in (OK, DENIED):  # alive, or nothing known: no doubt either way
                 self._silent_since.pop(node, None)
                 self._refused_at.pop(node, None)
-                self.witnessing.forget(node)
+                self.witnessing.drop(node)
                 if answer == DENIED:
                     self._refused_us(node, why.get(node, "refused"))
                 continue
@@ -168,7 +168,7 @@ class Liveness:
                 self._refused_at.pop(node, None)
                 if self.cut_off is not None:  # the controller's own silence: no evidence
                     self._silent_since.pop(node, None)
-                    self.witnessing.forget(node)
+                    self.witnessing.drop(node)
                     continue
                 since = self._silent_since.setdefault(node, started)
                 if self._second_opinion(node, since, now, got, addresses) and (
@@ -190,7 +190,7 @@ class Liveness:
         opinion = self.witnessing.since(node, since)
         if opinion is not None and opinion.heard and not opinion.silent:
             self._silent_since.pop(node, None)  # the path from here is at fault
-            self.witnessing.forget(node)
+            self.witnessing.drop(node)
             log.warning("node %s is silent to the controller but answers others", node[:12])
             return False
         silent = set(self._silent_since)
@@ -330,7 +330,7 @@ class Liveness:
         self._gone(node)
 
     def _gone(self, node: str) -> None:
-        self.witnessing.forget(node)
+        self.witnessing.drop(node)
         self._silent_since.pop(node, None)
         self._refused_at.pop(node, None)
         self._retry_at.pop(node, None)
