@@ -52,14 +52,22 @@ def test_hooks() -> bool:
     return os.environ.get(TEST_HOOKS, "") == "1"
 
 
+# Each channel its own connection: gRPC shares one per address among a process's
+# channels by default, and one that just failed answers every new call at once with its
+# old error until its reconnect backoff (up to minutes) runs out, so a host back from a
+# cut would read silent, and a second look at a closed connection would see the first.
+_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
+
+
 def open_channel(address: str):
-    """A synchronous gRPC channel to ``host:port``, secured as Ray secures its own."""
+    """A synchronous gRPC channel to ``host:port``, secured as Ray secures its own, with
+    a connection of its own."""
     token = os.environ.get(TEST_CALL_TOKEN) if test_hooks() else None
     if token:
         return _with_token(address, token)
     from ray._private.grpc_utils import init_grpc_channel
 
-    return init_grpc_channel(address)
+    return init_grpc_channel(address, options=_OPTIONS)
 
 
 def denied(error) -> str | None:
@@ -95,7 +103,7 @@ def _with_token(address: str, token: str):
         creds = grpc.ssl_channel_credentials(
             certificate_chain=cert, private_key=key, root_certificates=ca
         )
-        channel = grpc.secure_channel(address, creds)
+        channel = grpc.secure_channel(address, creds, options=_OPTIONS)
     else:
-        channel = grpc.insecure_channel(address)
+        channel = grpc.insecure_channel(address, options=_OPTIONS)
     return grpc.intercept_channel(channel, _Bearer())
