@@ -60,7 +60,9 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "counter",
         ("outcome",),
         "Fences of nodes whose raylet stopped answering: fenced, failed (tried again), "
-        "denied (placectl's calls refused: Ray's own health checks decide).",
+        "denied (placectl's calls refused: Ray's own health checks decide), withheld "
+        "(no evidence beyond the controller's own: it reached no majority, or no witness "
+        "replied).",
     ),
     "placectl_table_readable": (
         "gauge",

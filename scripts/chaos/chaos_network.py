@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Seeded network chaos on real hosts: a Ray cluster of hosts in network namespaces
+(clients.testing.hosts; Ray's default health checks), a job of 4 GPUs on two worker
+hosts with spares (tests/integration/data/network.yaml), its driver on the head calling
+``repair()`` the instant each fault is put on, as a user's loop would.
+
+Steps, drawn at random:
+
+* ``cut``: a host holding ranks cut off both ways, or one way only (nothing in, or
+  nothing out); healed after the repair, then rebooted (a new node, a spare again).
+* ``head``: the head's own link down for 1-12 s, then back.
+* ``loss``: 30% of packets lost both ways on a host holding ranks, for 10 s.
+
+Invariants, each checked against the outside (the ranks' own answers, the hosts'
+process tables, Ray's node table):
+
+* after every step every rank answers, each from a process of its own;
+* a cut host's ranks, and only they, are relaunched, away from it; once healed, no
+  process of the old ranks lives on it;
+* a head blip or a lossy link relaunches nothing and fences nothing: the same pids.
+
+Usage: scripts/chaos/chaos_network.py [--steps 50] [--seed 1] [--minutes 30]
+Prints every step and every violation; exits 1 on any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import random
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+from clients.testing import hosts as harness
+from clients.testing.host_driver import Driver
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "tests" / "integration" / "data" / "network.yaml"
+
+
+class Run:
+    def __init__(self, hosts: harness.Hosts, seed: int) -> None:
+        self.hosts = hosts
+        self.rng = random.Random(seed)
+        self.driver = Driver(hosts, config=CONFIG)
+        self.violations: list[str] = []
+        self.counts: dict[str, int] = {}
+
+    def fail(self, step: int, what: str) -> None:
+        self.violations.append(f"step {step}: {what}")
+        print(f"  VIOLATION: {what}", flush=True)
+
+    def answering(self, timeout: float = 90.0) -> list:
+        deadline = time.monotonic() + timeout
+        while True:
+            ranks = self.driver.ask("where", timeout=60)["ranks"]
+            if all(ranks) or time.monotonic() > deadline:
+                return ranks
+            time.sleep(0.5)
+
+    def host_of(self, ip: str) -> harness.Host:
+        return next(h for h in self.hosts.hosts if h.ip == ip)
+
+    def check_whole(self, step: int, ranks: list) -> None:
+        if not all(ranks):
+            self.fail(step, f"ranks do not answer: {ranks}")
+        pids = [r["pid"] for r in ranks if r]
+        if len(set(pids)) != len(pids):
+            self.fail(step, f"two ranks in one process: {pids}")
+
+    def step(self, n: int) -> None:
+        kind = self.rng.choice(["cut", "cut", "head", "loss"])
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        before = self.answering()
+        fenced = dict(self.driver.ask("health")["fenced"])
+        if kind == "head":
+            seconds = self.rng.uniform(1, 12)
+            print(f"step {n}: the head's link down {seconds:.1f}s", flush=True)
+            self.hosts.cut(0)
+            self.driver.send("repair")
+            time.sleep(seconds)
+            self.hosts.heal(0)
+            self.unchanged(n, before, fenced)
+        elif kind == "loss":
+            victim = self.host_of(self.rng.choice([r["ip"] for r in before]))
+            print(f"step {n}: 30% loss on {victim.ip} for 10s", flush=True)
+            self.hosts.degrade(victim, loss=0.3)
+            self.driver.send("repair")
+            time.sleep(10)
+            self.hosts.heal(victim)
+            self.unchanged(n, before, fenced)
+        else:
+            self.cut(n, before)
+        self.check_whole(n, self.answering())
+
+    def unchanged(self, n: int, before: list, fenced: dict) -> None:
+        got = self.driver.wait("repaired", 180)
+        if got["lost"]:
+            self.fail(n, f"relaunched {got['lost']}")
+        after = self.answering()
+        if [r and r["pid"] for r in after] != [r["pid"] for r in before]:
+            self.fail(n, "the ranks' processes changed")
+        if self.driver.ask("health")["fenced"] != fenced:
+            self.fail(n, "a node was fenced")
+
+    def cut(self, n: int, before: list) -> None:
+        victim = self.host_of(self.rng.choice([r["ip"] for r in before]))
+        way = self.rng.choice(["both", "both", "in", "out"])
+        doomed = [i for i, r in enumerate(before) if r["ip"] == victim.ip]
+        print(f"step {n}: {victim.ip} cut off ({way}), ranks {doomed}", flush=True)
+        self.hosts.cut(victim, way)
+        got = self.driver.ask("repair", "repaired", timeout=180)
+        print(f"  repaired {got['lost']} in {got['seconds']}s", flush=True)
+        if got["lost"] != doomed:
+            self.fail(n, f"relaunched {got['lost']}, lost {doomed}")
+        after = self.answering()
+        if any(r and r["ip"] == victim.ip for r in after):
+            self.fail(n, "a rank is still on the cut host")
+        kept = [i for i in range(len(before)) if i not in doomed]
+        if any(after[i] and after[i]["pid"] != before[i]["pid"] for i in kept):
+            self.fail(n, "a rank on another host was relaunched")
+        self.hosts.heal(victim)
+        old = {before[i]["pid"] for i in doomed}
+        deadline = time.monotonic() + 60
+        while old & set(self.hosts.pids(victim)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if old & set(self.hosts.pids(victim)):
+            self.fail(n, "a relaunched rank's old process lives on its healed host")
+        self.hosts.restart(victim)  # rebooted: a spare again
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--minutes", type=float, default=30.0, help="stop after this long")
+    args = ap.parse_args()
+    why = harness.unavailable()
+    if why is not None:
+        sys.exit(f"chaos_network: cannot run hosts here: {why}")
+    started = time.monotonic()
+    with harness.Hosts(workers=4, gpus=2, cpus=2) as hosts:
+        run = Run(hosts, args.seed)
+        done = 0
+        try:
+            for n in range(args.steps):
+                if time.monotonic() - started > args.minutes * 60:
+                    break
+                run.step(n)
+                done += 1
+        finally:
+            run.driver.close()
+    took = time.monotonic() - started
+    print(
+        f"chaos_network: {done} steps ({run.counts}) in {took:.0f}s, "
+        f"{len(run.violations)} violations (seed {args.seed})"
+    )
+    for v in run.violations:
+        print(f"  {v}")
+    sys.exit(1 if run.violations else 0)
+
+
+if __name__ == "__main__":
+    main()
