@@ -3,7 +3,8 @@
 own health checks alone, against placectl's raylet checks and fence, side by side.
 
 One local cluster per setting of Ray's health checks (its defaults, and the tighter ones
-docs/operations/failures.md recommends), a head and GPU nodes of 2 fake GPUs. Each trial
+docs/operations/failures.md recommends), a head, two nodes that hold nothing, and GPU
+nodes of 2 fake GPUs. Each trial
 fails one node as machines fail (every process killed, every process stopped, or the
 raylet alone killed)
 and polls Ray's node table until the node is dead: once for a node that holds no
@@ -57,7 +58,8 @@ def trial(cluster, ctl, kind: str, reserved: bool) -> float:
     job = None
     if reserved:
         job = "detect"
-        pin = {"num_nodes": 2, "component_placement": {"actor": "0-1"}}  # head + it
+        # head, the two bystanders and it: its GPUs are the only ones
+        pin = {"num_nodes": 4, "component_placement": {"actor": "0-1"}}
         res = ctl.reserve(job, pin, timeout_s=60)
         node = next(n for n in cluster.list_all_nodes() if n.node_id == res.info.slots[0].node_id)
     stopped = fail(cluster, node, kind)
@@ -81,7 +83,11 @@ def main() -> int:
     rows = []
     for label, system in SETTINGS.items():
         head = {"num_cpus": 2, "num_gpus": 0, "_system_config": system}
-        with local_cluster(0, head=head, log_level="ERROR") as (cluster, _):
+        # Two nodes that hold nothing stand by: placectl fences a silent node only when
+        # it reaches a majority of the nodes it asks and witnesses agree (two nodes, a
+        # head and the failed one, cannot outvote each other).
+        bystanders = [{"num_cpus": 1, "num_gpus": 0}] * 2
+        with local_cluster(0, head=head, nodes=bystanders, log_level="ERROR") as (cluster, _):
             ctl = clients.connect()
             for kind in kinds:
                 seconds: dict[bool, list[float]] = {False: [], True: []}

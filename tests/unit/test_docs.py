@@ -128,3 +128,69 @@ def test_the_metrics_page_lists_every_metric_as_exported_with_its_labels():
     suffixes = ("_bucket", "_sum", "_count")
     known = {exported(n) + s for n in METRICS for s in ("", *suffixes)}
     assert named - known == set()
+
+
+# Messages the troubleshooting page quotes that other programs print, not placectl.
+_NOT_OURS = ("Waiting for creating a placement group", "ModuleNotFoundError")
+
+
+def _code_strings() -> str:
+    """Every string constant of controller/, clients/ and scripts/ (the constant parts
+    of f-strings among them, implicit concatenations joined), one a line."""
+    import ast
+
+    out = []
+    for base in ("controller", "clients", "scripts"):
+        for path in sorted((ROOT / base).rglob("*.py")) + sorted((ROOT / base).rglob("*.sh")):
+            if path.suffix == ".sh":
+                out.append(path.read_text())
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    out.append(node.value)
+    return "\n".join(out)
+
+
+def _example(word: str) -> bool:
+    """Whether a word of a quoted message is an example value: a number, a name in
+    quotes, an id, an elision, a variable's or a keyword's name."""
+    bare = word.strip(",;:.")
+    return (
+        "\0" in word
+        or any(c.isdigit() for c in word)
+        or any(c in word for c in "'()_")
+        or (len(bare) > 1 and bare.isupper())
+    )
+
+
+def _fragments(message: str) -> list[str]:
+    """The runs of a quoted message that the code must hold as written: the words
+    between the parts that are examples (:func:`_example`)."""
+    words = message.replace("...", " \0 ").split()
+    runs, run = [], []
+    for w in words:
+        if _example(w):
+            runs.append(run)
+            run = []
+        else:
+            run.append(w)
+    runs.append(run)
+    return [" ".join(r) for r in runs if len(r) >= 3]
+
+
+def test_every_message_the_troubleshooting_page_quotes_is_one_the_code_prints():
+    page = text(ROOT / "docs" / "reference" / "troubleshooting.md")
+    quoted = re.findall(r"\*\*`([^`]+)`\*\*", page)
+    assert len(quoted) >= 15, quoted  # the page still quotes its messages this way
+    code = " ".join(_code_strings().split())
+    missing = []
+    for message in quoted:
+        if message.startswith(_NOT_OURS):
+            continue
+        for fragment in _fragments(message):
+            words = fragment.split()
+            # A word beside an example may belong to it ("CPU 5", "placectl: ended").
+            tries = [words, words[1:], words[:-1], words[1:-1]]
+            if not any(len(t) >= 2 and " ".join(t) in code for t in tries):
+                missing.append((message, fragment))
+    assert missing == []
