@@ -140,7 +140,16 @@ def connect(address: str, start: bool = False, settings: dict[str, str] | None =
 
 
 def warn_head(health: dict) -> None:
-    """Say, before it happens, what a head loss would cost on this cluster."""
+    """Say, before it happens, what a head loss would cost on this cluster; and that
+    the controller suspects itself, when it does."""
+    cut = health.get("cut_off")
+    if cut:
+        click.echo(
+            f"warning: the controller reaches {cut.get('reached')} of {cut.get('asked')} "
+            "node(s) it asks (the head's own network?): it fences no silent node until it "
+            "reaches a majority again; Ray's health checks decide meanwhile.",
+            err=True,
+        )
     if health.get("gcs_store") == "memory":
         click.echo(
             "warning: Ray's GCS keeps this cluster's tables in memory (no GCS fault "

@@ -10,6 +10,7 @@ there, as a job on Ray alone would hold them. Then, per command:
 
 * ``where``: each rank's pid, host and ``RANK``, or ``null`` where it does not answer
   within a second (``{"event": "where", "ranks": [...]}``);
+* ``spawn`` (placectl): each rank starts a process in a session of its own (``pids``);
 * ``repair`` (placectl): ``WorkerGroup.repair()`` at once, timed (``lost``, ``seconds``);
 * ``health`` (placectl): the controller's ``health()``;
 * ``events`` (placectl): the kinds and messages of the controller's event history;
@@ -34,7 +35,14 @@ JOB = "net"
 
 
 class Rank:
-    """One process of the job: says where it runs."""
+    """One process of the job: says where it runs; starts a server of its own."""
+
+    def spawn(self) -> int:
+        """Start a stand-in for an engine's server in a session of its own (it would
+        outlive the rank but for placectl); its pid."""
+        import subprocess
+
+        return subprocess.Popen(["sleep", "600"], start_new_session=True).pid
 
     def where(self) -> dict:
         return {
@@ -81,6 +89,8 @@ def _placectl(args) -> None:
         cmd = line.strip()
         if cmd == "where":
             _out("where", ranks=_where(group.actors))
+        elif cmd == "spawn":
+            _out("spawn", pids=group.execute("spawn"))
         elif cmd == "repair":
             started = time.monotonic()
 

@@ -10,6 +10,8 @@ workers), Ray's node table, the hosts' process tables (``ip netns pids``)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -60,14 +62,18 @@ def _alive_nodes(driver) -> list[str]:
     return sorted(n["ip"] for n in driver.ask("nodes")["nodes"] if n["alive"])
 
 
-def _blip(hosts, driver, cut: list[int], seconds: float) -> dict:
-    """Cut ``cut`` for ``seconds`` while the driver repairs at once; heal; the repair."""
+def _blip(hosts, driver, cut: list[int], seconds: float, meanwhile=None) -> dict:
+    """Cut ``cut`` for ``seconds`` while the driver repairs at once (and ``meanwhile()``
+    runs); heal; the repair."""
     before = _answering(driver)
     fenced_before = dict(driver.ask("health")["fenced"])
     for h in cut:
         hosts.cut(h)
     driver.send("repair")
-    time.sleep(seconds)
+    started = time.monotonic()
+    if meanwhile is not None:
+        meanwhile()
+    time.sleep(max(seconds - (time.monotonic() - started), 0.0))
     for h in cut:
         hosts.heal(h)
     repaired = driver.wait("repaired", 120)
@@ -79,10 +85,21 @@ def _blip(hosts, driver, cut: list[int], seconds: float) -> dict:
 
 
 def test_the_head_cut_off_for_a_while_loses_no_node_and_no_rank(hosts, driver):
-    """The head's own link down for 8 s (beyond fence_after): Ray alone loses nothing,
-    and neither does placectl: its controller reaches no majority, suspects itself and
-    fences nothing, and repair() waits out the blip and relaunches nothing."""
-    _blip(hosts, driver, cut=[0], seconds=8.0)
+    """The head's own link down for 10 s (far beyond fence_after): Ray alone loses
+    nothing, and neither does placectl: its controller reaches no majority, suspects
+    itself and fences nothing (`placectl status` on the head says so meanwhile), and
+    repair() waits out the blip and relaunches nothing."""
+    said = {}
+
+    def status() -> None:  # an operator looks, on the head, while the link is down
+        time.sleep(2.0)
+        placectl = os.path.join(os.path.dirname(sys.executable), "placectl")
+        argv = [placectl, "status", "--address", hosts.address]
+        run = hosts.run(0, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        said["stderr"] = run.communicate(timeout=60)[1]
+
+    _blip(hosts, driver, cut=[0], seconds=10.0, meanwhile=status)
+    assert "the controller reaches 0 of" in said["stderr"], said
     assert _alive_nodes(driver) == [h.ip for h in hosts.hosts]
     said = [m for kind, m in driver.ask("events")["events"] if kind == "cut_off"]
     assert any("suspects itself" in m for m in said) and any("again" in m for m in said)
@@ -117,10 +134,13 @@ def test_a_worker_host_cut_off_is_fenced_and_its_ranks_repaired_on_the_spare(hos
     """A worker host cut off both ways: the controller (and the witnesses it asks)
     hear nothing from it, it is fenced, and repair() relaunches exactly its ranks on
     the spare host. Healed, the host's raylet learns it was declared dead and exits,
-    and no process of the old ranks survives there."""
+    and no process of the old ranks survives there: not even a server each started in
+    a session of its own, which no Ray process is left there to end (the ranks'
+    reapers end it, clients.reaper)."""
     before = _answering(driver)
     lost_host = hosts.hosts[1]
     assert {r["ip"] for r in before[:2]} == {lost_host.ip}
+    servers = driver.ask("spawn")["pids"]  # each rank's server, in a session of its own
     hosts.cut(1)
     repaired = driver.ask("repair", "repaired", timeout=120)
     assert repaired["lost"] == [0, 1], repaired
@@ -130,11 +150,12 @@ def test_a_worker_host_cut_off_is_fenced_and_its_ranks_repaired_on_the_spare(hos
     assert _pids(after)[2:] == _pids(before)[2:]  # the other host's ranks never moved
     fenced = driver.ask("health")["fenced"]
     assert "cannot reach it either" in next(iter(fenced.values()))
-    old = {r["pid"] for r in before[:2]}
+    old = {r["pid"] for r in before[:2]} | set(servers[:2])
     hosts.heal(1)  # the host comes back: nothing of the fenced ranks may live on
     deadline = time.monotonic() + 60
     while old & set(hosts.pids(1)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not old & set(hosts.pids(1)), "a fenced rank outlived the heal of its host"
+    assert not old & set(hosts.pids(1)), "a fenced rank (or its server) outlived the heal"
+    assert set(servers[2:]) <= set(hosts.pids(2))  # the live ranks' servers run on
     live = _answering(driver)
     assert len({r["rank"] for r in live}) == 4 and _pids(live) == _pids(after)
