@@ -77,6 +77,19 @@ def _nodes() -> list:
     ]
 
 
+def _serve(commands: dict) -> None:
+    """Answer each command read from standard input with ``{"event": command, ...}``,
+    what ``commands[command]()`` returns, until ``quit``."""
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "quit":
+            break
+        if cmd in commands:
+            _out(cmd, **commands[cmd]())
+        else:
+            _out("error", message=f"unknown command {cmd!r}")
+
+
 def _placectl(args) -> None:
     import clients
 
@@ -85,30 +98,26 @@ def _placectl(args) -> None:
     res = ctl.reserve(JOB, args.config, timeout_s=120)
     group = clients.WorkerGroup.launch(res, "actor", ray.remote(Rank))
     _out("ready", ranks=group.execute("where"))
-    for line in sys.stdin:
-        cmd = line.strip()
-        if cmd == "where":
-            _out("where", ranks=_where(group.actors))
-        elif cmd == "spawn":
-            _out("spawn", pids=group.execute("spawn"))
-        elif cmd == "repair":
-            started = time.monotonic()
 
-            def said(m: str, started=started) -> None:
-                _out("progress", message=m, at=round(time.monotonic() - started, 2))
+    def repair() -> dict:
+        started = time.monotonic()
 
-            lost = group.repair(timeout=120, progress=said)
-            _out("repaired", lost=lost, seconds=round(time.monotonic() - started, 2))
-        elif cmd == "health":
-            _out("health", **ctl.health())
-        elif cmd == "events":
-            _out("events", events=[[e.kind, e.message] for e in ctl.events()])
-        elif cmd == "nodes":
-            _out("nodes", nodes=_nodes())
-        elif cmd == "quit":
-            break
-        else:
-            _out("error", message=f"unknown command {cmd!r}")
+        def said(m: str) -> None:
+            _out("progress", message=m, at=round(time.monotonic() - started, 2))
+
+        lost = group.repair(timeout=120, progress=said)
+        return {"lost": lost, "seconds": round(time.monotonic() - started, 2)}
+
+    _serve(
+        {
+            "where": lambda: {"ranks": _where(group.actors)},
+            "spawn": lambda: {"pids": group.execute("spawn")},
+            "repair": repair,
+            "health": ctl.health,
+            "events": lambda: {"events": [[e.kind, e.message] for e in ctl.events()]},
+            "nodes": lambda: {"nodes": _nodes()},
+        }
+    )
     group.shutdown()
     ctl.release(JOB)
 
@@ -127,16 +136,7 @@ def _plain(args) -> None:
         for n in sorted(hosts, key=lambda n: n["NodeManagerAddress"])
     ]
     _out("ready", ranks=ray.get([a.where.remote() for a in actors]))
-    for line in sys.stdin:
-        cmd = line.strip()
-        if cmd == "where":
-            _out("where", ranks=_where(actors))
-        elif cmd == "nodes":
-            _out("nodes", nodes=_nodes())
-        elif cmd == "quit":
-            break
-        else:
-            _out("error", message=f"unknown command {cmd!r}")
+    _serve({"where": lambda: {"ranks": _where(actors)}, "nodes": lambda: {"nodes": _nodes()}})
 
 
 class Driver:

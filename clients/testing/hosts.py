@@ -7,6 +7,7 @@ faults are the network's, put on the host's cable at the switch or at the host:
 
 * :meth:`Hosts.cut`: a host cut off both ways (its cable unplugged), or one way only;
 * :meth:`Hosts.degrade`: a lossy or slow link (``tc netem`` loss and delay, both ways);
+* :meth:`Hosts.cut_raylet`: the host's raylet alone cut off, its workers' traffic flowing;
 * :meth:`Hosts.heal`: the cable back as it was.
 
 Cutting the head's own cable is the head losing its uplink. What the harness cannot
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 
 SUBNET = "192.0.2"  # TEST-NET-1: documentation addresses, routed nowhere
 PORT = 6379
+RAYLET_PORT = 6380  # every host's raylet listens here (each host has its own port space)
 _PREFIX = "pchost"  # every namespace this harness makes starts so, then the owner's pid
 
 
@@ -197,6 +199,7 @@ class Hosts:
             f"--temp-dir={os.path.join(self.tmp, f'h{h.index}')}",
             f"--num-cpus={self.head_cpus if h.is_head else self.cpus}",
             f"--num-gpus={0 if h.is_head else self.gpus}",
+            f"--node-manager-port={RAYLET_PORT}",
             "--disable-usage-stats",
         ]  # fmt: skip
         if h.is_head:
@@ -273,6 +276,15 @@ class Hosts:
         else:
             raise ValueError(f"way={way!r}: expected 'both', 'in' or 'out'")
 
+    def cut_raylet(self, host: Host | int) -> None:
+        """Cut ``host``'s raylet alone off: every packet that comes to its port is lost,
+        while its workers' traffic, and what the raylet itself sends, still flow."""
+        h = self.hosts[host] if isinstance(host, int) else host
+        _tc(h.netns, "qdisc", "replace", "dev", h.nic, "ingress")
+        _tc(h.netns, "filter", "replace", "dev", h.nic, "parent", "ffff:", "protocol", "ip",
+            "prio", "1", "u32", "match", "ip", "protocol", "6", "0xff", "match", "ip", "dport",
+            str(RAYLET_PORT), "0xffff", "action", "drop")  # fmt: skip
+
     def degrade(self, host: Host | int, loss: float = 0.0, delay_ms: float = 0.0) -> None:
         """Make ``host``'s link lossy (``loss``: the share of packets lost, 0-1) and slow
         (``delay_ms`` more each way), in both directions."""
@@ -288,6 +300,7 @@ class Hosts:
         h = self.hosts[host] if isinstance(host, int) else host
         _tc(self.switch, "qdisc", "del", "dev", h.port, "root")
         _tc(h.netns, "qdisc", "del", "dev", h.nic, "root")
+        _tc(h.netns, "qdisc", "del", "dev", h.nic, "ingress")
         _ip("-n", self.switch, "link", "set", h.port, "up")
 
 

@@ -108,6 +108,8 @@ class Liveness:
                     for node in set(doubt) - watched:  # released: its doubts go too, so
                         del doubt[node]  # a later reservation there starts afresh
                 await self.sweep(watched)
+                if self.cut_off is None:
+                    self._io.keep_witnesses(self._witness_homes(watched))
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -129,7 +131,6 @@ class Liveness:
         caller waits for it with :meth:`fences`). Returns the nodes whose fence runs."""
         started = time.monotonic()
         if not node_ids:
-            self._io.keep_witnesses([])  # nothing watched: no witness kept either
             return set()
         asked = set(node_ids) | set(self._bystanders(node_ids))
         addresses = {}
@@ -144,9 +145,6 @@ class Liveness:
         now = time.monotonic()
         self.answers.update({n: a for n, a in got.items() if n in node_ids})
         self._judge_self(sum(a in REACHED for a in got.values()), len(got))
-        if self.cut_off is None:  # one spare beyond those a suspect's loss would leave
-            k = self.settings.witnesses + 1
-            self._io.keep_witnesses(evidence.witnesses(got, set(self._silent_since), k))
         fencing = set()
         for node in sorted(set(got) & set(node_ids)):
             answer = got[node]
@@ -206,6 +204,15 @@ class Liveness:
         o = self.witnessing.latest[node]
         seen = f"{o.heard} of {o.asked} other node(s) cannot reach it either"
         return f"its raylet has not answered for {silent_for:.1f}s; {seen}"
+
+    def _witness_homes(self, watched: set[str]) -> list[str]:
+        """Where witnesses stand: the same few nodes while the cluster does not change
+        (one more than are asked at a time, for when one of them is the suspect); none
+        while nothing is watched."""
+        if not watched:
+            return []
+        k = self.settings.witnesses + 1
+        return sorted(watched | set(self._bystanders(watched)))[:k]
 
     def _bystanders(self, watched: set[str]) -> list[str]:
         heads = {n for n in self._nodes.alive_ids() if (i := self._nodes.info(n)) and i.is_head}

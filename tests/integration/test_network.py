@@ -159,3 +159,28 @@ def test_a_worker_host_cut_off_is_fenced_and_its_ranks_repaired_on_the_spare(hos
     assert set(servers[2:]) <= set(hosts.pids(2))  # the live ranks' servers run on
     live = _answering(driver)
     assert len({r["rank"] for r in live}) == 4 and _pids(live) == _pids(after)
+
+
+def test_a_host_whose_raylet_alone_is_cut_off_is_fenced_though_its_workers_answer(hosts, driver):
+    """Every packet to the second host's raylet lost, its workers' traffic flowing: the
+    raylet is silent to the controller and the witnesses, so the node is fenced; its
+    ranks still answer, yet repair() counts them lost (their node is dead) and waits
+    until Ray agrees; the raylet, told it is dead, exits, and its workers with it."""
+    hosts.restart(1)  # the host fenced above, rebooted: the spare again
+    before = _answering(driver)
+    victim = hosts.hosts[2]
+    doomed = [i for i, r in enumerate(before) if r["ip"] == victim.ip]
+    assert doomed == [2, 3]
+    hosts.cut_raylet(victim)
+    try:
+        repaired = driver.ask("repair", "repaired", timeout=120)
+        assert repaired["lost"] == doomed, repaired
+        after = _answering(driver)
+        assert all(after[i]["ip"] != victim.ip for i in doomed)
+        old = {before[i]["pid"] for i in doomed}
+        deadline = time.monotonic() + 60
+        while old & set(hosts.pids(victim)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not old & set(hosts.pids(victim))
+    finally:
+        hosts.heal(victim)
