@@ -14,10 +14,13 @@ evidence on two levels, and :func:`settle` reads both:
 A rank's verdict is final when Ray reports it dead; when it answers on a node that is
 not dead; when it refuses placectl's credentials (``denied``: nothing known of the
 process) on a node the controller calls alive, since Ray learns at once of a process
-that dies on a live node. A rank on a dead (fenced) node is lost even while its process
-still answers: :func:`settle` waits for Ray's actor table to agree. Every other rank
-(silent, refused, denied on a node not known alive) waits, at most ``within`` seconds;
-those still silent then on a node the controller calls alive are hung.
+that dies on a live node. A rank is *lost* when its node is dead (fenced) or its process
+refuses connections (nothing listens there): even while its process still answers, or
+while Ray calls it alive (placectl may not fence: a secured cluster that refuses it), it
+is gone, and :func:`settle` waits for Ray's actor table to agree, at most ``lost_within``
+seconds, since nothing can be relaunched before. Every other rank (silent, or denied on
+a node not known alive) waits at most ``within`` seconds; those still silent then on a
+node the controller calls alive are hung.
 
 A worker that is only slow (a long step, a loop holding the GIL, a GC pause) answers
 from its RPC threads and is never a suspect.
@@ -88,6 +91,7 @@ def judge(
     within: float,
     kill_hung: bool,
     say: Callable[[str], None],
+    lost_within: float | None = None,
 ) -> None:
     """Wait for a final verdict on every rank of ``actors`` (one per rank, on ``nodes``;
     :func:`settle`) and kill the ones hung on a live node if ``kill_hung``: what
@@ -101,6 +105,7 @@ def judge(
         dead=dead,
         within=within,
         say=say,
+        lost_within=lost_within,
     )
     if hung and kill_hung:
         job = reservation.job
@@ -123,6 +128,12 @@ def final(answer: str | None, node: str) -> bool:
     return answer == DENIED and node == ALIVE  # Ray knows at once if it died there
 
 
+def lost(answer: str | None, node: str) -> bool:
+    """Whether such a rank is gone for certain (its node dead, or nothing listening where
+    its process was), so that only Ray's own report of its death is waited for."""
+    return node == DEAD or answer == REFUSED
+
+
 def settle(
     ranks: list[int],
     nodes: Sequence[str],
@@ -133,11 +144,13 @@ def settle(
     say: Callable[[str], None],
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    lost_within: float | None = None,
 ) -> list[int]:
     """Wait until every rank of ``ranks`` has a final verdict (:func:`final`) or Ray
-    reports it dead, at most ``within`` seconds. Returns the hung ranks: those still
-    waiting then that do not answer (silent, or refusing connections) on a node the
-    controller calls alive. ``ask_nodes()`` gives the controller's verdict by node id
+    reports it dead: at most ``within`` seconds for the doubtful, ``lost_within``
+    (default ``within``) for the lost (:func:`lost`). Returns the hung ranks: those
+    still waiting then that do not answer (silent, or refusing connections) on a node
+    the controller calls alive. ``ask_nodes()`` gives the controller's verdict by node id
     (it fences what the evidence condemns, :mod:`controller.runtime.liveness`);
     ``ask_ranks(ranks)`` each rank's answer; ``dead()`` the ranks Ray reports dead."""
     started = clock()
@@ -152,7 +165,10 @@ def settle(
         got = ask_ranks(left) if left else {}
         left = [r for r in left if not final(got.get(r), verdicts.get(nodes[r], ALIVE))]
         waited = clock() - started
-        if not left or waited >= within:
+        certain = [r for r in left if lost(got.get(r), verdicts.get(nodes[r], ALIVE))]
+        if not left or waited >= max(within, lost_within or 0.0):
+            break
+        if waited >= within and not certain:
             break
         if not said and waited >= 1.0:
             what = {r: f"{got.get(r)}, node {verdicts.get(nodes[r], ALIVE)}" for r in left}

@@ -240,6 +240,7 @@ class WorkerGroup:
             within=min(hung_after or 10.0, timeout),
             kill_hung=hung_after is not None,
             say=say,
+            lost_within=timeout,
         )
         res.wait_ready(max(timeout - (time.monotonic() - started), 1.0), progress=progress)
         fresh = res.assignments(self.component)

@@ -272,14 +272,19 @@ class Liveness:
 
     def verdicts(self, node_ids: set[str]) -> dict[str, str]:
         """What the controller holds of each node now: ``dead`` (Ray reports it dead,
-        or it was fenced), ``silent`` (its raylet does not answer; no verdict yet),
+        it was fenced, or its raylet refuses connections, confirmed: a fence the GCS
+        refuses changes nothing of that), ``silent`` (its raylet does not answer; no verdict yet),
         ``unknown`` (it refuses placectl's calls, or the controller suspects itself),
         ``alive`` (it answered, or it is not watched: the head, a node without slots)."""
         watched = self.watched() if self.cut_off is not None else set()
+        now = time.monotonic()
         out = {}
         for n in node_ids:
+            refused = self._refused_at.get(n)
             if n not in self._nodes or n in self.fenced:
                 out[n] = DEAD
+            elif refused is not None and now - refused >= self.settings.refused_confirm:
+                out[n] = DEAD  # its host says nothing listens there, fenced or not yet
             elif n in self._silent_since:
                 out[n] = SILENT_NODE
             elif n in watched or self.answers.get(n) == DENIED:

@@ -147,3 +147,36 @@ def test_a_rank_that_still_answers_on_a_fenced_node_is_lost(world):
     # Its workers still answer for a moment (their raylet died first): lost all the same.
     hung = _settle(world, lambda r: OK, dead)
     assert hung == [] and time.monotonic() >= table_at
+
+
+def test_a_node_whose_fence_is_refused_is_waited_for_until_ray_calls_it_dead(world):
+    """A secured cluster refuses placectl's fence: the node whose raylet refuses
+    connections stays alive to Ray until its own health checks give up. Its ranks
+    (refusing placectl's credentials too) are lost all the same: settle waits past
+    ``within`` for Ray's verdict, since nothing can be relaunched before it."""
+    from controller.runtime.channels import CallDenied
+
+    lost_node = world.slots[0]
+    world.in_loop(lambda: setattr(world.fake, "fence_refusal", CallDenied("UNAUTHENTICATED")))
+    world.in_loop(lambda: world.fake.crash_node(lost_node))
+    ray_gives_up = time.monotonic() + 2.5  # Ray's own health checks, later than within
+
+    def dead():
+        if time.monotonic() >= ray_gives_up:
+            world.in_loop(lambda: world.fake.nodes_by_id[lost_node].info.alive and
+                          world.fake.kill_node(lost_node))  # fmt: skip
+            return {0, 1, 2, 3}
+        return set()
+
+    hung = settle(
+        list(range(8)),
+        world.nodes,
+        ask_nodes=world.verdicts,
+        ask_ranks=lambda ranks: dict.fromkeys(ranks, DENIED),
+        dead=dead,
+        within=1.0,
+        say=lambda m: None,
+        lost_within=30.0,
+    )
+    assert hung == [] and time.monotonic() >= ray_gives_up
+    assert world.fake.fenced == {}  # placectl fenced nothing: Ray decided
