@@ -6,9 +6,14 @@ one ``ray start`` per host, head on ``192.0.2.1``, workers on ``.2``, ``.3``, ..
 faults are the network's, put on the host's cable at the switch or at the host:
 
 * :meth:`Hosts.cut`: a host cut off both ways (its cable unplugged), or one way only;
-* :meth:`Hosts.degrade`: a lossy or slow link (``tc netem`` loss and delay, both ways);
+* :meth:`Hosts.degrade`: a lossy link (each packet lost with a probability, both ways);
 * :meth:`Hosts.cut_raylet`: the host's raylet alone cut off, its workers' traffic flowing;
 * :meth:`Hosts.heal`: the cable back as it was.
+
+Losses are netfilter rules in the host's namespace, on its cable alone (``iptables``:
+``DROP``, and the ``statistic`` match for random loss), not ``tc netem``: the kernels
+this was built on have no netem (``tc`` answers "Specified qdisc kind is unknown"), so
+a slow link (added delay) is not among the faults.
 
 Cutting the head's own cable is the head losing its uplink. What the harness cannot
 show: every host shares one kernel, one clock, one process table and one file system,
@@ -16,7 +21,8 @@ so a host's processes see the same time, its pids are valid everywhere (which ma
 reading a host's process table easy: :meth:`Hosts.pids`), and a cut never stops a disk.
 
 Addresses are TEST-NET-1's (RFC 5737, ``192.0.2.0/24``), routed nowhere: traffic goes
-only between the hosts made here. Needs root and iproute2 (``ip``, ``tc``), as CI has;
+only between the hosts made here. Needs root, iproute2 (``ip``) and ``iptables``, as CI
+has;
 :func:`unavailable` says why a machine cannot. Everything it starts ends with it: every
 process of every host (``ip netns pids``) is killed, then the namespaces are deleted.
 Namespaces left by a harness whose process died are swept at the next start.
@@ -46,9 +52,9 @@ def unavailable() -> str | None:
     refused), or None if it can."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    for tool in ("ip", "tc"):
+    for tool, package in (("ip", "iproute2"), ("iptables", "iptables")):
         if shutil.which(tool) is None:
-            return f"`{tool}` is missing (Debian: apt-get install iproute2)"
+            return f"`{tool}` is missing (Debian: apt-get install {package})"
     probe = f"{_PREFIX}probe{os.getpid()}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
@@ -79,8 +85,12 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
-def _tc(netns: str, *args: str) -> None:
-    subprocess.run(["ip", "netns", "exec", netns, "tc", *args], capture_output=True)
+def _drop(netns: str, *rule: str) -> None:
+    """Add a netfilter rule that drops what ``rule`` matches, in ``netns``."""
+    argv = ["ip", "netns", "exec", netns, "iptables", "-w", "-A", *rule, "-j", "DROP"]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[4:])}: {done.stderr.strip()}")
 
 
 class Hosts:
@@ -269,10 +279,10 @@ class Hosts:
         h = self.hosts[host] if isinstance(host, int) else host
         if way == "both":
             _ip("-n", self.switch, "link", "set", h.port, "down")
-        elif way == "in":  # the switch's end sends toward the host
-            _tc(self.switch, "qdisc", "replace", "dev", h.port, "root", "netem", "loss", "100%")
+        elif way == "in":
+            _drop(h.netns, "INPUT", "-i", h.nic)
         elif way == "out":
-            _tc(h.netns, "qdisc", "replace", "dev", h.nic, "root", "netem", "loss", "100%")
+            _drop(h.netns, "OUTPUT", "-o", h.nic)
         else:
             raise ValueError(f"way={way!r}: expected 'both', 'in' or 'out'")
 
@@ -280,27 +290,22 @@ class Hosts:
         """Cut ``host``'s raylet alone off: every packet that comes to its port is lost,
         while its workers' traffic, and what the raylet itself sends, still flow."""
         h = self.hosts[host] if isinstance(host, int) else host
-        _tc(h.netns, "qdisc", "replace", "dev", h.nic, "ingress")
-        _tc(h.netns, "filter", "replace", "dev", h.nic, "parent", "ffff:", "protocol", "ip",
-            "prio", "1", "u32", "match", "ip", "protocol", "6", "0xff", "match", "ip", "dport",
-            str(RAYLET_PORT), "0xffff", "action", "drop")  # fmt: skip
+        _drop(h.netns, "INPUT", "-i", h.nic, "-p", "tcp", "--dport", str(RAYLET_PORT))
 
-    def degrade(self, host: Host | int, loss: float = 0.0, delay_ms: float = 0.0) -> None:
-        """Make ``host``'s link lossy (``loss``: the share of packets lost, 0-1) and slow
-        (``delay_ms`` more each way), in both directions."""
+    def degrade(self, host: Host | int, loss: float) -> None:
+        """Make ``host``'s link lossy: each packet, in either direction, lost with
+        probability ``loss`` (0-1)."""
         h = self.hosts[host] if isinstance(host, int) else host
-        if not 0 <= loss <= 1 or delay_ms < 0:
-            raise ValueError(f"loss={loss}, delay_ms={delay_ms}: expected 0-1 and >= 0")
-        netem = ["netem", "loss", f"{loss * 100:g}%", "delay", f"{delay_ms:g}ms"]
-        _tc(self.switch, "qdisc", "replace", "dev", h.port, "root", *netem)
-        _tc(h.netns, "qdisc", "replace", "dev", h.nic, "root", *netem)
+        if not 0 < loss <= 1:
+            raise ValueError(f"loss={loss}: expected a share of packets, above 0 and at most 1")
+        chance = ["-m", "statistic", "--mode", "random", "--probability", f"{loss:g}"]
+        _drop(h.netns, "INPUT", "-i", h.nic, *chance)
+        _drop(h.netns, "OUTPUT", "-o", h.nic, *chance)
 
     def heal(self, host: Host | int) -> None:
-        """``host``'s cable as it was: plugged in, no loss, no delay."""
+        """``host``'s cable as it was: plugged in, nothing dropped."""
         h = self.hosts[host] if isinstance(host, int) else host
-        _tc(self.switch, "qdisc", "del", "dev", h.port, "root")
-        _tc(h.netns, "qdisc", "del", "dev", h.nic, "root")
-        _tc(h.netns, "qdisc", "del", "dev", h.nic, "ingress")
+        subprocess.run(["ip", "netns", "exec", h.netns, "iptables", "-w", "-F"], check=True)
         _ip("-n", self.switch, "link", "set", h.port, "up")
 
 

@@ -63,7 +63,7 @@ def cut(mode: str) -> dict:
         started = time.monotonic()
         hosts.cut(1)
         if mode == "placectl":
-            got = driver.ask("repair", "repaired", timeout=180)
+            got = driver.ask("repair", timeout=180)
             return {"seconds": time.monotonic() - started, "lost": got["lost"]}
         while time.monotonic() - started < 300:  # Ray's verdict: the node table
             if _dead_nodes(driver):
@@ -85,7 +85,7 @@ def head(mode: str, blips: list[float]) -> list[dict]:
             time.sleep(seconds)
             hosts.heal(0)
             if mode == "placectl":
-                driver.wait("repaired", 180)
+                driver.wait("repair", 180)
             time.sleep(15)
             after = _pids(driver)
             changed = sum(a != b for a, b in zip(before, after, strict=True))

@@ -96,7 +96,7 @@ class Run:
         self.check_whole(n, self.answering())
 
     def unchanged(self, n: int, before: list, fenced: dict) -> None:
-        got = self.driver.wait("repaired", 180)
+        got = self.driver.wait("repair", 180)
         if got["lost"]:
             self.fail(n, f"relaunched {got['lost']}")
         after = self.answering()
@@ -111,7 +111,7 @@ class Run:
         doomed = [i for i, r in enumerate(before) if r["ip"] == victim.ip]
         print(f"step {n}: {victim.ip} cut off ({way}), ranks {doomed}", flush=True)
         self.hosts.cut(victim, way)
-        got = self.driver.ask("repair", "repaired", timeout=180)
+        got = self.driver.ask("repair", timeout=180)
         print(f"  repaired {got['lost']} in {got['seconds']}s", flush=True)
         if got["lost"] != doomed:
             self.fail(n, f"relaunched {got['lost']}, lost {doomed}")
