@@ -71,7 +71,8 @@ class Liveness:
         fence_failures: fences that failed (tried again later), this incarnation.
         cut_off: while the controller suspects itself (it reached no majority), since
             when and how many nodes it reached; ``None`` otherwise.
-        withheld: silent nodes not fenced for want of evidence, since the last majority.
+        withheld: silent nodes not fenced for want of witnesses, each told once until it
+            answers again.
         answers: the last answer of each watched node's raylet.
     """
 
@@ -152,6 +153,7 @@ class Liveness:
                 self._silent_since.pop(node, None)
                 self._refused_at.pop(node, None)
                 self.witnessing.drop(node)
+                self.withheld.discard(node)  # a later silence is told again
                 if answer == DENIED:
                     self._refused_us(node, why.get(node, "refused"))
                 continue
@@ -252,7 +254,6 @@ class Liveness:
             what = f"the controller reaches {reached} of {asked} node(s) again after {lasted:.1f}s"
             log.warning("%s", what)
             self._state.told(ev.cut_off(what))
-        self.withheld.clear()
 
     async def check_now(self, node_ids: set[str]) -> dict[str, str]:
         """Ask now (a caller suspects these nodes): a refusing raylet is confirmed and
@@ -343,6 +344,7 @@ class Liveness:
 
     def _gone(self, node: str) -> None:
         self.witnessing.drop(node)
+        self.withheld.discard(node)
         self._silent_since.pop(node, None)
         self._refused_at.pop(node, None)
         self._retry_at.pop(node, None)
