@@ -24,12 +24,11 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import msgspec
 
-from clients.reaper import TAG, alive, is_ray_worker, tagged
-
+TAG = "PLACECTL_WORKER"
 # How long a stopped worker's Ray processes get to go before the sweep returns anyway.
 RAY_GRACE_S = 5.0
 SWEEP_TIMEOUT_S = 15.0
@@ -47,6 +46,44 @@ def new_tag(uid: str, name: str, detached: bool) -> str:
     """The tag of a worker to be started: a detached worker's follows from its name (a
     driver that attaches later finds it again), another's is new each start."""
     return f"{uid}:{name}" if detached else f"{uid}:{name}:{secrets.token_hex(4)}"
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:  # gone, a zombie, or not ours to read
+        return b""
+
+
+def tagged(tags: Iterable[str], proc: str = "/proc") -> dict[int, tuple[str, str]]:
+    """pid -> (tag, command line) of every live process whose environment holds one of
+    ``tags`` (this process excepted)."""
+    wanted = {f"{TAG}={t}".encode() for t in tags}
+    found: dict[int, tuple[str, str]] = {}
+    for entry in os.listdir(proc):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        hit = wanted.intersection(_read(f"{proc}/{entry}/environ").split(b"\0"))
+        if hit:
+            cmd = _read(f"{proc}/{entry}/cmdline").replace(b"\0", b" ").strip()
+            tag = hit.pop().decode().partition("=")[2]
+            found[int(entry)] = (tag, cmd.decode(errors="replace")[:200])
+    return found
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie, read from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def is_ray_worker(command: str) -> bool:
+    """A Ray worker process (its title is ``ray::...``): Ray ends those itself."""
+    return command.startswith("ray::")
 
 
 def end_tagged(tags: list[str], ray_grace: float = RAY_GRACE_S) -> list[Ended]:
@@ -110,15 +147,3 @@ def end_left_behind(
             say(f"ended pid {e.pid} ({e.command}) on node {node[:12]}: left by {e.tag}")
         ended += found
     return ended
-
-
-__all__ = [
-    "TAG",
-    "Ended",
-    "alive",
-    "end_left_behind",
-    "end_tagged",
-    "is_ray_worker",
-    "new_tag",
-    "tagged",
-]

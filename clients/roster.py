@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 
-from clients import leftovers, reaper
+from clients import leftovers
 from clients.launching import (
     WORKER_NAMESPACE,
     options_for,
@@ -19,18 +19,6 @@ from clients.launching import (
 )
 from controller import PlacementError
 from controller.state.assignments import Assignment
-
-
-def reaped(runtime_env: dict) -> None:
-    """Have each process of the rank start its reaper (:mod:`clients.reaper`) through
-    Ray's ``worker_process_setup_hook``; a hook of the job's own, given as a module path,
-    runs after it. One given as a function is kept as it is, without a reaper."""
-    own = runtime_env.get("worker_process_setup_hook")
-    if own is not None and not isinstance(own, str):
-        return
-    if own:
-        runtime_env["env_vars"][reaper.USER_HOOK] = own
-    runtime_env["worker_process_setup_hook"] = "clients.reaper.setup"
 
 
 class Launch:
@@ -101,7 +89,6 @@ class Roster:
         name = name or worker_name(self.job, self.component, rank)
         tag = leftovers.new_tag(a.uid, name, self.detached)
         options["runtime_env"]["env_vars"][leftovers.TAG] = tag
-        reaped(options["runtime_env"])
         if launch.per_rank_env is not None:
             options["runtime_env"]["env_vars"].update(launch.per_rank_env(a))
         if self.detached:

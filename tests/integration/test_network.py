@@ -144,8 +144,8 @@ def test_a_worker_host_cut_off_is_fenced_and_its_ranks_repaired_on_the_spare(hos
     hear nothing from it, it is fenced, and repair() relaunches exactly its ranks on
     the spare host. Healed, the host's raylet learns it was declared dead and exits,
     and no process of the old ranks survives there: not even a server each started in
-    a session of its own, which no Ray process is left there to end (the ranks'
-    reapers end it, clients.reaper)."""
+    a session of its own (each worker, exiting with its raylet, ends what it started:
+    Ray's doing, not placectl's)."""
     before = _answering(driver)
     lost_host = hosts.hosts[1]
     assert {r["ip"] for r in before[:2]} == {lost_host.ip}
