@@ -74,6 +74,12 @@ class Run:
         kind = self.rng.choice(["cut", "cut", "head", "loss"])
         self.counts[kind] = self.counts.get(kind, 0) + 1
         before = self.answering()
+        if not all(before):  # a violation before this step left ranks unanswering
+            self.fail(n, f"ranks do not answer before the step: {before}")
+            self.driver.ask("repair", timeout=180)
+            before = self.answering()
+            if not all(before):
+                raise RuntimeError("the job could not be repaired; the run stops")
         fenced = dict(self.driver.ask("health")["fenced"])
         if kind == "head":
             seconds = self.rng.uniform(1, 12)
