@@ -39,9 +39,9 @@ from typing import Any
 import ray
 
 from controller.runtime.answers import DENIED, OK, REFUSED, answers
+from controller.runtime.liveness import ALIVE, DEAD  # the controller's verdicts
 
 ANSWER_TIMEOUT_S = 1.0
-ALIVE, DEAD = "alive", "dead"  # the controller's verdicts that decide (liveness.verdicts)
 _told_denied: set[str] = set()  # the refusals this process has reported already
 
 

@@ -114,7 +114,7 @@ def test_two_of_three_worker_hosts_cut_off_is_left_to_ray(hosts, driver):
     assert _alive_nodes(driver) == [h.ip for h in hosts.hosts]
 
 
-def test_a_lossy_link_never_fences_a_host_that_answers(hosts, driver):
+def test_a_lossy_link_for_20s_fences_no_host_that_answers(hosts, driver):
     """30% of packets lost both ways on a job's host for 20 s: its raylet still answers
     now and then, and witnesses reach it; nothing is fenced, no rank moves."""
     before = _answering(driver)
