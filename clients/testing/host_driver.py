@@ -12,6 +12,10 @@ there, as a job on Ray alone would hold them. Then, per command:
   within a second (``{"event": "where", "ranks": [...]}``);
 * ``spawn`` (placectl): each rank starts a process in a session of its own (``pids``);
 * ``repair`` (placectl): ``WorkerGroup.repair()`` at once, timed (``lost``, ``seconds``);
+* ``drain NODE`` (placectl): what a spot notice does: Ray's PREEMPTION drain of node
+  ``NODE`` with a minute's deadline; then the reservation's next epoch awaited, the ranks
+  Ray calls dead read (``dead``: none, if the move is made before the break), and the
+  group brought to the epoch (``moved``, ``kept``, ``seconds``);
 * ``health`` (placectl): the controller's ``health()``;
 * ``events`` (placectl): the kinds and messages of the controller's event history;
 * ``nodes``: every node Ray knows, with its address and whether Ray calls it alive;
@@ -78,14 +82,14 @@ def _nodes() -> list:
 
 
 def _serve(commands: dict) -> None:
-    """Answer each command read from standard input with ``{"event": command, ...}``,
-    what ``commands[command]()`` returns, until ``quit``."""
+    """Answer each command read from standard input (a name, then its arguments) with
+    ``{"event": name, ...}``, what ``commands[name](*arguments)`` returns, until ``quit``."""
     for line in sys.stdin:
-        cmd = line.strip()
+        cmd, *args = line.split() or [""]
         if cmd == "quit":
             break
         if cmd in commands:
-            _out(cmd, **commands[cmd]())
+            _out(cmd, **commands[cmd](*args))
         else:
             _out("error", message=f"unknown command {cmd!r}")
 
@@ -108,9 +112,21 @@ def _placectl(args) -> None:
         lost = group.repair(timeout=120, progress=said)
         return {"lost": lost, "seconds": round(time.monotonic() - started, 2)}
 
+    def drain(node: str) -> dict:
+        from clients.testing import machines
+
+        started, epoch = time.monotonic(), res.epoch
+        machines.drain(node, deadline=time.time() + 60)
+        res.wait_ready(timeout=120, newer_than=epoch)
+        dead = group.dead_ranks()
+        moved = group.sync(timeout=120)
+        seconds = round(time.monotonic() - started, 2)
+        return {"dead": dead, "moved": moved.moved, "kept": moved.kept, "seconds": seconds}
+
     _serve(
         {
             "where": lambda: {"ranks": _where(group.actors)},
+            "drain": drain,
             "spawn": lambda: {"pids": group.execute("spawn")},
             "repair": repair,
             "health": ctl.health,

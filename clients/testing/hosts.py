@@ -233,21 +233,33 @@ class Hosts:
             return f.read()
         return ""
 
-    def _wait_nodes(self, timeout: float) -> None:
-        """Until as many nodes as hosts are alive in Ray (a host's dead nodes aside)."""
+    def _wait_nodes(self, timeout: float, new_on: str = "", old: Sequence[str] = ()) -> None:
+        """Until as many nodes as hosts are alive in Ray (a host's dead nodes aside) and,
+        given ``new_on`` (an address), a node there not among ``old``: a host's old node
+        that Ray still calls alive (drained, not yet found dead) is not its new one."""
         want = len(self.hosts)
         code = (
             "import ray, time, sys\n"
             f"ray.init(address={self.address!r}, logging_level='ERROR')\n"
-            f"end = time.monotonic() + {timeout}\n"
+            f"end, ip, old = time.monotonic() + {timeout}, {new_on!r}, {sorted(old)!r}\n"
             "while time.monotonic() < end:\n"
-            "    n = sum(1 for x in ray.nodes() if x['Alive'])\n"
-            f"    if n >= {want}: sys.exit(0)\n"
+            "    alive = [x for x in ray.nodes() if x['Alive']]\n"
+            "    new = [x for x in alive if x['NodeManagerAddress'] == ip\n"
+            "           and x['NodeID'] not in old]\n"
+            f"    if len(alive) >= {want} and (new or not ip): sys.exit(0)\n"
             "    time.sleep(0.2)\n"
             "sys.exit(1)\n"
         )
         if self.run(self.head, [sys.executable, "-c", code]).wait(timeout=timeout + 60) != 0:
             raise RuntimeError(f"not all {want} hosts joined the cluster within {timeout:g}s")
+
+    def crash(self, host: Host | int) -> None:
+        """``host`` loses its power: every process on it killed at once (SIGKILL), no
+        word to Ray; its cable stays as it is. :meth:`restart` boots it again."""
+        h = self.hosts[host] if isinstance(host, int) else host
+        if h.is_head:
+            raise ValueError("crash() takes a worker host; the head is the cluster")
+        _kill_netns(h.netns)
 
     def restart(self, host: Host | int, timeout: float = 120.0) -> None:
         """``host`` rebooted: every process on it killed, its cable healed, and Ray
@@ -255,10 +267,25 @@ class Hosts:
         h = self.hosts[host] if isinstance(host, int) else host
         if h.is_head:
             raise ValueError("restart() takes a worker host; the head is the cluster")
+        old = self.node_ids(h)
         _kill_netns(h.netns)
         self.heal(h)
         self._ray_start(h, [f"--address={self.address}"])
-        self._wait_nodes(timeout)
+        self._wait_nodes(timeout, new_on=h.ip, old=old)
+
+    def node_ids(self, host: Host | int) -> list[str]:
+        """The ids of the nodes Ray knows on ``host``, alive or dead (asked from the head)."""
+        h = self.hosts[host] if isinstance(host, int) else host
+        code = (
+            "import ray\n"
+            f"ray.init(address={self.address!r}, logging_level='ERROR')\n"
+            f"print(' '.join(x['NodeID'] for x in ray.nodes()\n"
+            f"               if x['NodeManagerAddress'] == {h.ip!r}))\n"
+        )
+        argv = [sys.executable, "-c", code]
+        done = self.run(self.head, argv, stdout=subprocess.PIPE, text=True)
+        out, _ = done.communicate(timeout=120)
+        return out.split()
 
     # ------------------------------------------------------------ processes
     def run(self, host: Host | int, argv: Sequence[str], **popen) -> subprocess.Popen:

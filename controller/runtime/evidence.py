@@ -23,8 +23,12 @@ becomes a fence only with evidence from elsewhere, the rule SWIM uses:
    that no witness reached it. A witness that does not reply in time counts for
    nothing; with no reply at all, nothing is fenced. A witness that reaches it ends
    the doubt: the path from the controller is at fault, not the node.
+3. **Several connections.** A node in doubt is asked, by the controller and by each
+   witness, over ``settings.looks`` connections at once, and answers if any one does
+   (:mod:`controller.runtime.answers`): a lossy link stalls one TCP connection for
+   seconds behind a lost packet, rarely all of them, where a cut link silences all.
 
-A raylet that *refuses* connections needs neither: the refusal is its host's own
+A raylet that *refuses* connections needs none of these: the refusal is its host's own
 word that nothing listens there (:mod:`controller.runtime.liveness`).
 
 Pure helpers and one awaited fan-out; imports no Ray.
@@ -65,7 +69,7 @@ def witnesses(answered: Mapping[str, str], suspects: set[str], k: int) -> list[s
 
 
 async def confirmed(
-    io: ClusterIO, chosen: list[str], addresses: Mapping[str, str], timeout: float
+    io: ClusterIO, chosen: list[str], addresses: Mapping[str, str], timeout: float, ways: int = 1
 ) -> tuple[set[str], int]:
     """Which of the suspects (``node -> raylet address``) no witness reached: each
     witness in ``chosen`` asks them all at once. Returns those confirmed silent (some
@@ -74,7 +78,7 @@ async def confirmed(
     if not chosen or not addresses:
         return set(), 0
     replies = await asyncio.gather(
-        *(io.witness_answers(w, dict(addresses), timeout) for w in chosen),
+        *(io.witness_answers(w, dict(addresses), timeout, ways) for w in chosen),
         return_exceptions=True,
     )
     heard = [r for r in replies if isinstance(r, dict)]
@@ -98,8 +102,8 @@ class Witnessing:
     while each silence lasts, one question per node in flight at a time: by the time a
     silence reaches ``fence_after`` an opinion at most a question old is at hand."""
 
-    def __init__(self, io: ClusterIO, tasks: Tasks, timeout: float) -> None:
-        self._io, self._tasks, self._timeout = io, tasks, timeout
+    def __init__(self, io: ClusterIO, tasks: Tasks, timeout: float, ways: int = 1) -> None:
+        self._io, self._tasks, self._timeout, self._ways = io, tasks, timeout, ways
         self.latest: dict[str, Opinion] = {}
 
     def ask(self, node: str, address: str, chosen: list[str]) -> None:
@@ -110,7 +114,9 @@ class Witnessing:
 
     async def _ask(self, node: str, address: str, chosen: list[str]) -> None:
         asked_at = time.monotonic()
-        silent, heard = await confirmed(self._io, chosen, {node: address}, self._timeout)
+        silent, heard = await confirmed(
+            self._io, chosen, {node: address}, self._timeout, self._ways
+        )
         self.latest[node] = Opinion(asked_at, node in silent, heard, len(chosen))
 
     def since(self, node: str, began: float) -> Opinion | None:

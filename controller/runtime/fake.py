@@ -238,7 +238,11 @@ class FakeCluster(FakeNetwork):
         return {n: d for n, d in self.draining.items() if self.nodes_by_id[n].info.alive}
 
     async def node_answers(
-        self, addresses: dict[str, str], timeout: float, why: dict[str, str] | None = None
+        self,
+        addresses: dict[str, str],
+        timeout: float,
+        why: dict[str, str] | None = None,
+        ways: dict[str, int] | None = None,
     ) -> dict[str, str]:
         self._cost("node_answers", self.latency.gcs_rtt)
         got = self._seen_from(self.own_node(), addresses)

@@ -39,7 +39,7 @@ class FakeNetwork:
         }
 
     async def witness_answers(
-        self, witness: str, addresses: dict[str, str], timeout: float
+        self, witness: str, addresses: dict[str, str], timeout: float, ways: int = 1
     ) -> dict[str, str] | None:
         self._cost("witness", self.latency.gcs_rtt)
         self.witnessed[witness] += 1

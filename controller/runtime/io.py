@@ -107,11 +107,16 @@ class ClusterIO(Protocol):
         ...
 
     async def node_answers(
-        self, addresses: dict[str, str], timeout: float, why: dict[str, str] | None = None
+        self,
+        addresses: dict[str, str],
+        timeout: float,
+        why: dict[str, str] | None = None,
+        ways: dict[str, int] | None = None,
     ) -> dict[str, str]:
         """Whether each node's raylet (``node id -> host:port``) answers a health check:
         ``ok``, ``refused``, ``silent`` or ``denied`` (:mod:`controller.runtime.answers`);
-        ``why`` gets the reason of each ``denied``."""
+        ``why`` gets the reason of each ``denied``; ``ways`` asks some nodes over that
+        many connections at once."""
         ...
 
     def keep_witnesses(self, node_ids: list[str]) -> None:
@@ -120,10 +125,11 @@ class ClusterIO(Protocol):
         ...
 
     async def witness_answers(
-        self, witness: str, addresses: dict[str, str], timeout: float
+        self, witness: str, addresses: dict[str, str], timeout: float, ways: int = 1
     ) -> dict[str, str] | None:
         """Have node ``witness`` ask the raylets at ``addresses`` (``node id ->
-        host:port``) itself, as :meth:`node_answers` does here; ``None`` when its reply
+        host:port``) itself, each over ``ways`` connections, as :meth:`node_answers`
+        does here; ``None`` when its reply
         does not come back in time (:mod:`controller.runtime.evidence`)."""
         ...
 

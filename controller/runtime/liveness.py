@@ -90,7 +90,8 @@ class Liveness:
         self.cut_off: dict | None = None
         self.withheld: set[str] = set()
         self.answers: dict[str, str] = {}
-        self.witnessing = evidence.Witnessing(ctx.io, ctx.tasks, ctx.settings.liveness_timeout)
+        s = ctx.settings
+        self.witnessing = evidence.Witnessing(ctx.io, ctx.tasks, s.liveness_timeout, s.looks)
 
     def start(self) -> None:
         self._tasks.start("liveness", "watch", self._watch())
@@ -142,7 +143,8 @@ class Liveness:
         if not addresses:
             return set()
         why: dict[str, str] = {}
-        got = await self._io.node_answers(addresses, self.settings.liveness_timeout, why)
+        ways = {n: self.settings.looks for n in addresses if n in self._silent_since}
+        got = await self._io.node_answers(addresses, self.settings.liveness_timeout, why, ways)
         now = time.monotonic()
         self.answers.update({n: a for n, a in got.items() if n in node_ids})
         self._judge_self(sum(a in REACHED for a in got.values()), len(got))

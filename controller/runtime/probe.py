@@ -54,11 +54,12 @@ class Witness:
     """Kept standing on a few nodes, so that the controller's second opinion on a node
     silent to it (:mod:`controller.runtime.evidence`) waits for no process to start."""
 
-    def ask(self, addresses: dict[str, str], timeout: float) -> dict[str, str]:
-        """Whether the raylets at ``addresses`` answer *this* node."""
+    def ask(self, addresses: dict[str, str], timeout: float, ways: int = 1) -> dict[str, str]:
+        """Whether the raylets at ``addresses`` answer *this* node, each asked over
+        ``ways`` connections at once."""
         from controller.runtime.answers import answers
 
-        return answers(addresses, timeout)
+        return answers(addresses, timeout, ways=ways)
 
 
 def ephemeral_range() -> tuple[int, int]:

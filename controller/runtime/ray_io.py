@@ -181,9 +181,13 @@ class RayClusterIO:
         return {n: ms / 1000.0 for n, ms in draining.items()}  # Ray: 0 for no deadline
 
     async def node_answers(
-        self, addresses: dict[str, str], timeout: float, why: dict[str, str] | None = None
+        self,
+        addresses: dict[str, str],
+        timeout: float,
+        why: dict[str, str] | None = None,
+        ways: dict[str, int] | None = None,
     ) -> dict[str, str]:
-        return await asyncio.to_thread(answers.answers, addresses, timeout, why)
+        return await asyncio.to_thread(answers.answers, addresses, timeout, why, ways or 1)
 
     def keep_witnesses(self, node_ids: list[str]) -> None:
         for gone in set(self._witnesses) - set(node_ids):
@@ -194,13 +198,13 @@ class RayClusterIO:
                 self._witnesses[n] = tasks.Witness.options(scheduling_strategy=_on(n)).remote()
 
     async def witness_answers(
-        self, witness: str, addresses: dict[str, str], timeout: float
+        self, witness: str, addresses: dict[str, str], timeout: float, ways: int = 1
     ) -> dict[str, str] | None:
         actor = self._witnesses.get(witness)
         if actor is None:  # not kept there (yet): one that starts now, and stays
             self.keep_witnesses([*self._witnesses, witness])
             actor = self._witnesses[witness]
-        ref = actor.ask.remote(addresses, timeout)
+        ref = actor.ask.remote(addresses, timeout, ways)
         try:  # its own wait, and as long again for the call to arrive and reply
             return await asyncio.wait_for(_result(ref), 2 * timeout + WITNESS_SLACK)
         except Exception as e:  # its node lost, or late: this witness says nothing

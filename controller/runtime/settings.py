@@ -63,6 +63,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # A node silent past fence_after is fenced only if this many other nodes that answer
     # the controller (or those of them that reply) cannot reach its raylet either.
     witnesses: int = 2
+    # A node in doubt (silent once) is asked over this many connections at once, by the
+    # controller and by each witness, and answers if any one does: TCP holds a lost
+    # packet's successors on its connection, so looks on one connection miss together
+    # over a lossy link, where separate connections lose independently. A cut node
+    # answers on none, and is fenced no later.
+    looks: int = 3
     # A caller that suspects a node (status, repair) waits for its fence at most this
     # long: a fence takes milliseconds, but a GCS slow to answer must not hold the call
     # (the fence goes on, and Ray's node event is acted on when it comes).

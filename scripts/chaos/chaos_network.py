@@ -10,16 +10,24 @@ Steps, drawn at random:
   nothing out); healed after the repair, then rebooted (a new node, a spare again).
 * ``head``: the head's own link down for 1-12 s, then back.
 * ``loss``: 30% of packets lost both ways on a host holding ranks, for 10 s.
+* ``crash``: a host holding ranks loses its power (every process killed at once, Ray
+  not told); then rebooted.
+* ``drain``: a spot notice for a host holding ranks (Ray's PREEMPTION drain, a minute's
+  deadline); the driver waits for the reservation's next epoch and moves its ranks;
+  then the host goes (rebooted).
+
+``--token`` runs the whole cluster with Ray's token authentication on.
 
 Invariants, each checked against the outside (the ranks' own answers, the hosts'
 process tables, Ray's node table):
 
 * after every step every rank answers, each from a process of its own;
-* a cut host's ranks, and only they, are relaunched, away from it; once healed, no
-  process of the old ranks lives on it;
+* a cut or crashed host's ranks, and only they, are relaunched, away from it; once
+  healed, no process of the old ranks lives on it;
+* a drained host's ranks, and only they, move, and none of them dies before it moves;
 * a head blip or a lossy link relaunches nothing and fences nothing: the same pids.
 
-Usage: scripts/chaos/chaos_network.py [--steps 50] [--seed 1] [--minutes 30]
+Usage: scripts/chaos/chaos_network.py [--steps 50] [--seed 1] [--minutes 30] [--token]
 Prints every step and every violation; exits 1 on any.
 """
 
@@ -28,6 +36,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 import random
+import secrets
 import sys
 import time
 
@@ -71,7 +80,7 @@ class Run:
             self.fail(step, f"two ranks in one process: {pids}")
 
     def step(self, n: int) -> None:
-        kind = self.rng.choice(["cut", "cut", "head", "loss"])
+        kind = self.rng.choice(["cut", "cut", "crash", "drain", "head", "loss"])
         self.counts[kind] = self.counts.get(kind, 0) + 1
         before = self.answering()
         if not all(before):  # a violation before this step left ranks unanswering
@@ -97,8 +106,10 @@ class Run:
             time.sleep(10)
             self.hosts.heal(victim)
             self.unchanged(n, before, fenced)
+        elif kind == "drain":
+            self.drain(n, before)
         else:
-            self.cut(n, before)
+            self.cut(n, before, crash=kind == "crash")
         self.check_whole(n, self.answering())
 
     def unchanged(self, n: int, before: list, fenced: dict) -> None:
@@ -111,12 +122,34 @@ class Run:
         if self.driver.ask("health")["fenced"] != fenced:
             self.fail(n, "a node was fenced")
 
-    def cut(self, n: int, before: list) -> None:
+    def drain(self, n: int, before: list) -> None:
         victim = self.host_of(self.rng.choice([r["ip"] for r in before]))
-        way = self.rng.choice(["both", "both", "in", "out"])
+        doomed = [i for i, r in enumerate(before) if r["ip"] == victim.ip]
+        node = before[doomed[0]]["node"]
+        print(f"step {n}: {victim.ip} drained (spot notice), ranks {doomed}", flush=True)
+        got = self.driver.ask(f"drain {node}", event="drain", timeout=300)
+        print(f"  moved {got['moved']} in {got['seconds']}s", flush=True)
+        if got["dead"]:
+            self.fail(n, f"ranks {got['dead']} died before they moved")
+        if got["moved"] != doomed:
+            self.fail(n, f"moved {got['moved']}, on the drained host {doomed}")
+        after = self.answering()
+        if any(r and r["ip"] == victim.ip for r in after):
+            self.fail(n, "a rank is still on the drained host")
+        kept = [i for i in range(len(before)) if i not in doomed]
+        if any(after[i] and after[i]["pid"] != before[i]["pid"] for i in kept):
+            self.fail(n, "a rank on another host was relaunched")
+        self.hosts.restart(victim)  # the spot machine goes, and comes back a spare
+
+    def cut(self, n: int, before: list, crash: bool = False) -> None:
+        victim = self.host_of(self.rng.choice([r["ip"] for r in before]))
+        way = "power lost" if crash else self.rng.choice(["both", "both", "in", "out"])
         doomed = [i for i, r in enumerate(before) if r["ip"] == victim.ip]
         print(f"step {n}: {victim.ip} cut off ({way}), ranks {doomed}", flush=True)
-        self.hosts.cut(victim, way)
+        if crash:
+            self.hosts.crash(victim)
+        else:
+            self.hosts.cut(victim, way)
         got = self.driver.ask("repair", timeout=180)
         print(f"  repaired {got['lost']} in {got['seconds']}s", flush=True)
         if got["lost"] != doomed:
@@ -142,12 +175,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--minutes", type=float, default=30.0, help="stop after this long")
+    ap.add_argument("--token", action="store_true", help="Ray's token authentication on")
     args = ap.parse_args()
     why = harness.unavailable()
     if why is not None:
         sys.exit(f"chaos_network: cannot run hosts here: {why}")
     started = time.monotonic()
-    with harness.Hosts(workers=4, gpus=2, cpus=2) as hosts:
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)} if args.token else {}
+    with harness.Hosts(workers=4, gpus=2, cpus=2, env=env) as hosts:
         run = Run(hosts, args.seed)
         done = 0
         try:
@@ -161,7 +196,8 @@ def main() -> None:
     took = time.monotonic() - started
     print(
         f"chaos_network: {done} steps ({run.counts}) in {took:.0f}s, "
-        f"{len(run.violations)} violations (seed {args.seed})"
+        f"{len(run.violations)} violations (seed {args.seed}"
+        f"{', token authentication' if args.token else ''})"
     )
     for v in run.violations:
         print(f"  {v}")

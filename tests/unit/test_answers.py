@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from controller.runtime.answers import DENIED, REFUSED, answers
+from controller.runtime.answers import DENIED, OK, REFUSED, SILENT, answers
 
 
 def _closer(times: int | None) -> tuple[str, threading.Thread]:
@@ -53,3 +53,91 @@ def test_a_process_that_dies_mid_call_is_not_a_refusal():
     got = answers({"n": address}, timeout=2.0, why=why)
     server.join(5)
     assert got == {"n": REFUSED} and why == {}
+
+
+def _health_server() -> tuple[str, object]:
+    """A gRPC server on loopback that answers the health check, as a raylet does."""
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    check = grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"")
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("grpc.health.v1.Health", {"Check": check}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return f"127.0.0.1:{port}", server
+
+
+def _first_connection_hangs(upstream: str) -> str:
+    """A relay to ``upstream`` that swallows every byte of the first connection it
+    accepts and never answers on it (a connection whose packets are lost), and relays
+    every later one: what one connection over a lossy link looks like beside others."""
+    host, port = upstream.rsplit(":", 1)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    held = []
+
+    def pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            if not held:
+                held.append(conn)  # read nothing, answer nothing
+                continue
+            try:
+                up = socket.create_connection((host, int(port)))
+            except OSError:  # the server stopped: the test is over
+                conn.close()
+                return
+            for a, b in ((conn, up), (up, conn)):
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"127.0.0.1:{srv.getsockname()[1]}"
+
+
+def test_a_node_in_doubt_answers_on_any_of_its_connections():
+    upstream, server = _health_server()
+    try:
+        relay = _first_connection_hangs(upstream)
+        assert answers({"n": relay}, timeout=0.5) == {"n": SILENT}  # its one connection
+        assert answers({"n": relay}, timeout=0.5) == {"n": SILENT}  # kept: late, not broken
+        assert answers({"n": relay}, timeout=2.0, ways=3) == {"n": OK}  # two more answer
+    finally:
+        server.stop(0)
+
+
+def test_a_node_that_answers_on_no_connection_is_silent_on_every_one():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)  # accepts (the kernel does), never answers: a hung raylet
+    try:
+        address = f"127.0.0.1:{srv.getsockname()[1]}"
+        assert answers({"n": address}, timeout=0.5, ways=3) == {"n": SILENT}
+    finally:
+        srv.close()
+
+
+def test_a_connection_late_where_another_answered_is_replaced():
+    upstream, server = _health_server()
+    try:
+        relay = _first_connection_hangs(upstream)
+        assert answers({"n": relay}, timeout=0.5) == {"n": SILENT}
+        assert answers({"n": relay}, timeout=2.0, ways=2) == {"n": OK}
+        # The hung first connection was replaced: one connection answers again.
+        assert answers({"n": relay}, timeout=2.0) == {"n": OK}
+    finally:
+        server.stop(0)

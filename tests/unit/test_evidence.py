@@ -124,7 +124,7 @@ def test_with_no_witness_replying_nothing_is_fenced():
         lost = stored(fake, "j").slots[0].node_id
         fake.crash_node(lost, "silent")
 
-        async def mute(witness, addresses, timeout):
+        async def mute(witness, addresses, timeout, ways=1):
             return None  # every witness task is lost on its way
 
         fake.witness_answers = mute
