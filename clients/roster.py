@@ -111,6 +111,16 @@ class Roster:
         """Kill ranks and end what they left on their nodes (:mod:`clients.leftovers`);
         the names of the detached ones in ``reused`` (default all) are free again when
         this returns, for a new worker of the same name."""
+        draining = leftovers.draining_nodes()
+        inside = [
+            (self.actors[r], self.tags[r], a.placement.node_id)
+            for r in ranks
+            if r < len(self.assignments)
+            and (a := self.assignments[r]).placement.node_id in draining
+            and self.actors[r] is not None
+            and self.tags[r]
+        ]
+        leftovers.end_from_inside(inside)  # no task runs on a draining node
         for r in ranks:
             with contextlib.suppress(Exception):  # most are already dead with their node
                 ray.kill(self.actors[r], no_restart=True)

@@ -5,12 +5,14 @@ ranks Ray reports dead, every time."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 
 import pytest
 import ray
 
 import clients
+from clients.leftovers import alive
 from clients.reservation import Reservation
 from tests.integration.conftest import local_cluster, wait_for
 
@@ -46,6 +48,13 @@ class Worker:
     def where(self):
         ctx = ray.get_runtime_context()
         return ctx.get_node_id(), ctx.get_placement_group_id(), os.environ["PLACECTL_EPOCH"]
+
+    def serve(self) -> int:
+        """Start a stand-in for an engine's server as a daemon does: in a session of
+        its own, by a launcher that exits (so it is not the worker's child, which Ray
+        ends with the worker)."""
+        launch = "setsid sleep 600 >/dev/null 2>&1 & echo $!"
+        return int(subprocess.run(["sh", "-c", launch], capture_output=True, text=True).stdout)
 
 
 def check_group(res: Reservation, group: clients.WorkerGroup) -> None:
@@ -144,6 +153,7 @@ def test_a_draining_node_is_left_before_its_deadline_and_no_worker_dies(cluster,
     before = res.assignments("actor")
     node = before[0].placement.node_id
     leaving = [r for r, a in enumerate(before) if a.placement.node_id == node]
+    servers = group.execute("serve")
     epoch = res.epoch
     drain(node, seconds=120)
     # Make before break: the reservation is ready at a new epoch, off the node, while
@@ -154,6 +164,10 @@ def test_a_draining_node_is_left_before_its_deadline_and_no_worker_dies(cluster,
     moved = group.sync()  # the job moves its ranks at a step boundary of its choosing
     assert moved.moved == leaving and moved.kept == [r for r in range(8) if r not in leaving]
     check_group(res, group)  # each worker answers from its new place, per Ray
+    # The node lives on until its deadline, and takes no task: the moved ranks ended
+    # their servers themselves before they stopped (read from the process table).
+    assert [alive(servers[r]) for r in leaving] == [False] * len(leaving)
+    assert all(alive(servers[r]) for r in moved.kept)
     remove(cluster, node)  # the node goes at its deadline: nothing of the job was there
     assert group.dead_ranks() == []
     group.shutdown()
