@@ -12,6 +12,7 @@ import ray
 
 from clients.changes import ChangeClient
 from clients.driver_table import RayTable
+from clients.nodes import NodeClient
 from clients.queue import QueueClient
 from clients.reservation import Reservation
 from clients.transport import DEFAULT_NAME, DEFAULT_NAMESPACE
@@ -121,7 +122,7 @@ def connect(
     return ctl
 
 
-class Controller(ChangeClient, QueueClient):
+class Controller(ChangeClient, QueueClient, NodeClient):
     """A driver's handle to the controller. Mutations are calls to the actor; reads of a
     reservation go straight to the table in the GCS."""
 

@@ -6,10 +6,11 @@ line, ``placectl: error: ...``, naming the input at fault, and exits with the co
 6 cluster unavailable); ``placectl --debug ...`` shows the traceback behind it.
 
 Rooms: :mod:`~clients.cli.app` (the group, options, output, errors),
-:mod:`~clients.cli.reservations` and :mod:`~clients.cli.queues` (the commands).
+:mod:`~clients.cli.reservations`, :mod:`~clients.cli.queues` and
+:mod:`~clients.cli.nodes` (the commands).
 """
 
-from clients.cli import queues, reservations  # noqa: F401  (they register the commands)
+from clients.cli import nodes, queues, reservations  # noqa: F401  (they register commands)
 from clients.cli.app import cli, main
 
 __all__ = ["cli", "main"]

@@ -9,8 +9,8 @@ controller knows lives in one owner; what it does is done by its operations:
 * ``ops`` (:class:`Operations`): the checker, leaser, repairer, reserver (and its queue),
   applier, reconciler and the raylet watch, made once from one :class:`Context`;
 * the calls: :class:`ChangeCalls`, :class:`ReadCalls`, :class:`QueueCalls`,
-  :class:`DiagnosticCalls`, each given the request its call was checked into
-  (:mod:`controller.state.requests`).
+  :class:`NodeCalls`, :class:`DiagnosticCalls`, each given the request its call was
+  checked into (:mod:`controller.state.requests`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from controller.runtime.diagnostics import DiagnosticCalls
 from controller.runtime.history import History
 from controller.runtime.incarnation import FAULT_STEPS, Incarnation, SimulatedCrash
 from controller.runtime.io import ClusterIO
+from controller.runtime.node_calls import NodeCalls
 from controller.runtime.operations import Operations
 from controller.runtime.queue_calls import QueueCalls
 from controller.runtime.read_calls import ReadCalls
@@ -50,6 +51,7 @@ log = logging.getLogger("placectl.controller")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 CHANGES, READS, QUEUES, DIAGNOSTICS = "_changes", "_reads", "_queues", "_diagnostics"
+NODES = "_nodes"
 
 
 class PlacementController:
@@ -131,6 +133,7 @@ class PlacementController:
         self._changes = ChangeCalls(ops)
         self._reads = ReadCalls(ops)
         self._queues = QueueCalls(ops)
+        self._nodes = NodeCalls(ops)
         self._diagnostics = DiagnosticCalls(ops, self._readiness)
         self._reported = float("-inf")
         self._tasks.start("loop", name, self._run())
@@ -157,6 +160,9 @@ class PlacementController:
     set_operator = route(QUEUES, QueueCalls.set_operator, rq.SetOperator)
     quotas = route(QUEUES, QueueCalls.quotas)
     queues = route(QUEUES, QueueCalls.queues)
+    cordon = route(NODES, NodeCalls.cordon, rq.CordonNode)
+    uncordon = route(NODES, NodeCalls.uncordon, rq.UncordonNode)
+    cordons = route(NODES, NodeCalls.cordons)
     # These answer from memory even while the controller refuses to act.
     events = route(QUEUES, QueueCalls.events, rq.EventsSince, ready=False)
     progress = route(DIAGNOSTICS, DiagnosticCalls.progress, rq.JobOf, ready=False)

@@ -36,7 +36,8 @@ class DiagnosticCalls:
         """Version, incarnation, node, recovery, refusal, how node events arrive, GCS
         store, fenced nodes, who refuses placectl's own calls (``denied``: node id or
         ``gcs`` -> why), the fences that failed, whether the controller suspects itself
-        (``cut_off``: it reaches no majority of the nodes it asks), and the settings
+        (``cut_off``: it reaches no majority of the nodes it asks), the nodes an
+        operator cordoned (``cordoned``: node id -> what and why), and the settings
         that differ from the defaults."""
         io = self._ctx.io
         return {
@@ -52,6 +53,7 @@ class DiagnosticCalls:
             "denied": dict(self._ops.liveness.denied),
             "fence_failures": self._ops.liveness.fence_failures,
             "cut_off": self._ops.liveness.cut_off,
+            "cordoned": {n: c.shown() for n, c in self._ctx.state.cordons.items()},
             "settings": changed(self._ctx.settings),
         }
 

@@ -55,12 +55,15 @@ def live_view(
 
 
 class ClusterNodes:
-    """Which nodes are alive, what Ray says of each, which Ray is draining, and the live
-    view per accelerator: the nodes a plan or a spare may use (alive, not draining)."""
+    """Which nodes are alive, what Ray says of each, which Ray is draining, which an
+    operator cordoned, and the live view per accelerator: the nodes a plan or a spare
+    may use (alive, not draining, not cordoned). A node an operator drained counts as
+    draining, without a deadline, so its slots move as for Ray's drain."""
 
     def __init__(self) -> None:
         self._alive: set[str] = set()
         self._draining: dict[str, float] = {}  # node -> deadline (0: none)
+        self._cordoned: dict[str, bool] = {}  # node -> drained too (controller.state.cordons)
         self._info: dict[str, NodeInfo] = {}
         self._version = 0  # grows whenever _info changes
         self._node_views: dict[str, dict[str, tuple[NodeInfo, NodeView]]] = {}
@@ -75,8 +78,16 @@ class ClusterNodes:
 
     @property
     def draining(self) -> dict[str, float]:
-        """The nodes Ray is draining, as last read: node id -> deadline (0: none)."""
-        return dict(self._draining)
+        """The nodes Ray is draining, as last read, and those an operator drained: node
+        id -> deadline (0: none)."""
+        drained = {n: 0.0 for n, drain in self._cordoned.items() if drain}
+        return {**drained, **self._draining}
+
+    def set_cordoned(self, cordoned: dict[str, bool]) -> None:
+        """Take the operator's cordons (node -> drained too); the view leaves them out."""
+        if cordoned != self._cordoned:
+            self._cordoned = dict(cordoned)
+            self._version += 1
 
     def set_draining(self, draining: dict[str, float]) -> None:
         """Take Ray's draining nodes; the view leaves them out from now on."""
@@ -119,7 +130,8 @@ class ClusterNodes:
         if cached is not None and cached[0] == self._version:
             return cached[1]
         cache = self._node_views.setdefault(accelerator, {})
-        usable = [n for n in self._info.values() if n.node_id not in self._draining]
+        out = self._draining.keys() | self._cordoned.keys()
+        usable = [n for n in self._info.values() if n.node_id not in out]
         view = live_view(usable, accelerator, cache)
         self._views[accelerator] = (self._version, view)
         return view

@@ -55,25 +55,12 @@ class QueueCalls:
         Raises:
             NotOwner: ``token`` is not the operator's and ``force`` is not given.
         """
-        forced = self._operator_may(call.token, call.force, call.queue)
+        refused = f"changing the quota of {call.queue!r} refused"
+        forced = operator_may(self._state.operator, call.token, call.force, refused)
         with acting_as(client(owner_hash(call.token), forced)):
             await self._state.set_quota(call.queue, call.limits)
         self._admitter.wake()
         return call.limits
-
-    def _operator_may(self, token: str, force: bool, queue: str) -> bool:
-        operator = self._state.operator
-        if operator and owner_hash(token) == operator:
-            return False
-        if force:
-            return True
-        need = (
-            "the operator's token (PLACECTL_OPERATOR_TOKEN)"
-            if operator
-            else "an operator token, and none is set (`placectl operator` sets "
-            "PLACECTL_OPERATOR_TOKEN as this controller's)"
-        )
-        raise NotOwner(f"changing the quota of {queue!r} refused: it needs {need}, or --force")
 
     async def set_operator(self, call: SetOperator) -> str:
         """Make ``token`` the operator's: quota changes then need it (or ``force``).
@@ -114,4 +101,24 @@ class QueueCalls:
         return msgspec.msgpack.encode(history)
 
 
-__all__ = ["QueueCalls"]
+def operator_may(operator: str, token: str, force: bool, refused: str) -> bool:
+    """Whether an operator's change may go ahead, and forced (signed so in the history):
+    ``token`` is the operator's (``operator``, its hash), or ``force`` is given.
+
+    Raises:
+        NotOwner: neither; the message starts with ``refused``.
+    """
+    if operator and owner_hash(token) == operator:
+        return False
+    if force:
+        return True
+    need = (
+        "the operator's token (PLACECTL_OPERATOR_TOKEN)"
+        if operator
+        else "an operator token, and none is set (`placectl operator` sets "
+        "PLACECTL_OPERATOR_TOKEN as this controller's)"
+    )
+    raise NotOwner(f"{refused}: it needs {need}, or --force")
+
+
+__all__ = ["QueueCalls", "operator_may"]

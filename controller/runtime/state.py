@@ -31,7 +31,8 @@ from controller.runtime.history import History
 from controller.runtime.io import Metrics
 from controller.runtime.store import Loaded, Store
 from controller.runtime.tasks import Tasks
-from controller.state.events import Event, operator_set, quota_set
+from controller.state.cordons import Cordon
+from controller.state.events import Event, cordon_set, operator_set, quota_set
 from controller.state.published import Published
 from controller.state.records import STATES, ReservationRecord
 from controller.state.requests import check_job
@@ -74,6 +75,7 @@ class ReservationState:
         self._held_ids: set[str] = set()
         self._quotas: dict[str, dict[str, float]] = {}
         self._operator = ""
+        self._cordons: dict[str, Cordon] = {}
         self._kept_from = 1  # the lowest event number that may still be stored
         self._writing: set[str] = set()  # jobs whose change is being written now
         self.bytes_written = 0
@@ -126,6 +128,22 @@ class ReservationState:
         """Something that happened beside any record (a node fenced, placectl's calls
         refused): kept in the history with the rest."""
         self._history.add(event)
+        self._write_history_soon()
+
+    @property
+    def cordons(self) -> Mapping[str, Cordon]:
+        """The nodes an operator took out of placement: node id -> its cordon."""
+        return types.MappingProxyType(self._cordons)
+
+    async def set_cordon(self, node_id: str, cordon: Cordon | None, what: str) -> None:
+        """Store a node's cordon (written to the table first); ``None`` lifts it.
+        ``what`` is the history's line."""
+        await self._store.write_cordon(node_id, cordon)
+        if cordon is not None:
+            self._cordons[node_id] = cordon
+        else:
+            self._cordons.pop(node_id, None)
+        self._history.add(cordon_set(what))
         self._write_history_soon()
 
     async def set_quota(self, queue: str, limits: dict[str, float]) -> None:
@@ -309,6 +327,7 @@ class ReservationState:
         self._epochs = dict(loaded.epochs)
         self._quotas = {q: dict(v) for q, v in loaded.quotas.items()}
         self._operator = loaded.operator
+        self._cordons = dict(loaded.cordons)
         for cache in (self._plans, self._published, self._encoded, self._by_node):
             cache.clear()
         self._held_names.clear()

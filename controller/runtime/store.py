@@ -9,10 +9,12 @@ import msgspec
 
 from controller.errors import PersistenceError, TableUnreadable
 from controller.runtime.io import ClusterIO
+from controller.state.cordons import Cordon
 from controller.state.events import Event
 from controller.state.published import ComponentBlock, Published
 from controller.state.records import ReservationRecord
 from controller.state.table import (
+    CORDON,
     EPOCH,
     EVENT,
     LEGACY_BACKUP,
@@ -51,6 +53,7 @@ class Loaded(msgspec.Struct):
     migrated: int = 0
     quotas: dict[str, dict[str, float]] = {}
     operator: str = ""  # the hash of the operator's token ("" when none is set)
+    cordons: dict[str, Cordon] = {}  # node id -> why it takes no new slot
 
 
 class Store:
@@ -120,7 +123,10 @@ class Store:
             quotas[job_of(k, QUOTA)] = decode(v, dict[str, float], f"quota {k.decode()!r}")
         stored = await self.io.kv_get(OPERATOR)
         operator = decode(stored, str, "operator token hash") if stored is not None else ""
-        return Loaded(records, epochs, migrated, quotas, operator)
+        cordons = {}
+        for k, v in (await self.io.kv_multi_get(await self.io.kv_keys(CORDON))).items():
+            cordons[job_of(k, CORDON)] = decode(v, Cordon, f"cordon {k.decode()!r}")
+        return Loaded(records, epochs, migrated, quotas, operator, cordons)
 
     async def _migrate(self, legacy: bytes) -> int:
         migrated = migrate_v1(legacy)  # TableUnreadable if it is not a format-1 table
@@ -185,6 +191,13 @@ class Store:
             await self._put(key(QUOTA, queue), encode(limits))
         else:
             await self._delete(key(QUOTA, queue))
+
+    async def write_cordon(self, node_id: str, cordon: Cordon | None) -> None:
+        """Store a node's cordon; ``None`` removes it."""
+        if cordon is not None:
+            await self._put(key(CORDON, node_id), encode(cordon))
+        else:
+            await self._delete(key(CORDON, node_id))
 
     async def write_operator(self, hashed: str) -> None:
         """Store the hash of the operator's token."""

@@ -40,6 +40,7 @@ OPERATOR = "operator"
 FENCED = "fenced"  # a node placectl told Ray is dead
 DENIED = "denied"  # a node's raylet or the GCS refused placectl's own calls
 CUT_OFF = "cut_off"  # the controller reaches no majority of nodes (or again does)
+CORDON = "cordon"  # an operator cordoned, drained or uncordoned a node
 KINDS = (
     QUEUED_EV,
     ADMITTED,
@@ -56,6 +57,7 @@ KINDS = (
     FENCED,
     DENIED,
     CUT_OFF,
+    CORDON,
 )
 
 # Causes of a degradation (and of the repair that ends it): data, named where the break
@@ -190,6 +192,11 @@ def quota_set(queue: str, limits: dict[str, float], now: float | None = None) ->
     return Event(
         job="", kind=QUOTA, message=what, queue=queue, at=time.time() if now is None else now
     )
+
+
+def cordon_set(what: str, now: float | None = None) -> Event:
+    """The event of a node cordoned, drained or uncordoned (``what``: the line)."""
+    return Event(job="", kind=CORDON, message=what, at=time.time() if now is None else now)
 
 
 def operator_set(hashed: str, now: float | None = None) -> Event:

@@ -313,6 +313,50 @@ class SetQuota(msgspec.Struct):
         check_flag(self.force, "force")
 
 
+class CordonNode(msgspec.Struct):
+    """``cordon``: no new slot on ``node`` (an id, a unique id prefix or an address);
+    with ``drain``, every slot there moves off too. ``why`` is kept for operators. Needs
+    the operator's ``token``, or ``force``."""
+
+    node: str
+    drain: bool = False
+    why: str = ""
+    token: str = ""
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        self.node = check_node_name(self.node)
+        if not isinstance(self.why, str) or len(self.why) > 500:
+            raise ReservationError(f"why {self.why!r}: expected a string of 500 characters at most")
+        check_flag(self.drain, "drain")
+        check_token(self.token)
+        check_flag(self.force, "force")
+
+
+class UncordonNode(msgspec.Struct):
+    """``uncordon``: ``node`` takes new slots again. Needs the operator's ``token``, or
+    ``force``."""
+
+    node: str
+    token: str = ""
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        self.node = check_node_name(self.node)
+        check_token(self.token)
+        check_flag(self.force, "force")
+
+
+def check_node_name(node: object) -> str:
+    """A node's name as given: a non-empty string (an id, a prefix, an address)."""
+    if not isinstance(node, str) or not node.strip() or len(node) > 256:
+        raise ReservationError(
+            f"node {node!r}: expected a node id, the first 8 characters of one or more, "
+            "or an address"
+        )
+    return node.strip()
+
+
 class SetOperator(msgspec.Struct):
     """``set_operator``: make ``token`` the operator's (``force``: replace another)."""
 

@@ -42,6 +42,7 @@ LEGACY_KEY = b"reservations"
 LEGACY_BACKUP = b"reservations.v1-migrated"
 RECORD, PLAN, ASSIGNMENTS, EPOCH = b"res/", b"plan/", b"asg/", b"epoch/"
 QUOTA = b"quota/"  # + queue name: {resource: limit}
+CORDON = b"cordon/"  # + node id: a Cordon (controller.state.cordons)
 EVENT = b"event/"  # + seq, zero-padded so that keys sort in order: one Event
 OPERATOR = b"operator"  # the hash of the operator's token, who may change quotas
 T = TypeVar("T")
