@@ -4,6 +4,7 @@ ranks Ray reports dead, every time."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -15,6 +16,7 @@ import clients
 from clients.leftovers import alive
 from clients.reservation import Reservation
 from tests.integration.conftest import local_cluster, wait_for
+from tests.integration.conftest import placectl_cli as cli
 
 GPUS = 4
 
@@ -34,6 +36,10 @@ def alive_nodes() -> set[str]:
 
 
 def add_spare(cluster) -> None:
+    # A node just removed may still be alive in Ray's table: count only the nodes the
+    # cluster still runs.
+    running = {n.node_id for n in cluster.list_all_nodes()}
+    wait_for(lambda: alive_nodes() <= running, timeout=60)
     while sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")) < 3:
         cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
     cluster.wait_for_nodes()
@@ -173,3 +179,47 @@ def test_a_draining_node_is_left_before_its_deadline_and_no_worker_dies(cluster,
     group.shutdown()
     ctl.release("drain")
     add_spare(cluster)
+
+
+def test_an_operators_drain_moves_the_job_off_a_node_that_stays_and_uncordon_gives_it_back(
+    cluster, ctl
+):
+    """`placectl drain NODE` (a node due for maintenance, a GPU throwing errors), on a
+    real cluster: the job's slots there move make before break (no worker dies, Ray's
+    node table still has the node alive: Ray is not draining it), the ranks follow at
+    `sync()`, no new reservation lands there, and `placectl uncordon` gives it back."""
+    res = ctl.reserve("maint", spec(), timeout_s=60)
+    group = clients.WorkerGroup.launch(res, "actor", Worker)
+    before = res.assignments("actor")
+    node = before[0].placement.node_id
+    leaving = [r for r, a in enumerate(before) if a.placement.node_id == node]
+    ip = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node)
+    epoch = res.epoch
+    ops = {"PLACECTL_OPERATOR_TOKEN": "ops"}
+    ctl.set_operator("ops")  # a wrong token is refused, and nothing moves
+    refused = cli(cluster.address, "drain", node, env={"PLACECTL_OPERATOR_TOKEN": "wrong"})
+    assert refused.returncode == 4 and "operator's token" in refused.stderr
+    # Every node of a local cluster has this machine's address: it names none of them.
+    unclear = cli(cluster.address, "drain", ip, env=ops)
+    assert unclear.returncode == 2 and "name one by its id" in unclear.stderr
+    done = cli(cluster.address, "drain", node[:12], "--why", "GPU 2 throws Xid 79", env=ops)
+    assert done.returncode == 0 and "moving off it" in done.stdout and "maint" in done.stdout
+    info = res.wait_ready(timeout=60, newer_than=epoch)
+    assert node not in {s.node_id for s in info.slots} and info.state == "ready"
+    assert group.dead_ranks() == []
+    moved = group.sync()
+    assert moved.moved == leaving
+    check_group(res, group)
+    assert node in alive_nodes()  # the node stays in Ray, alive and not draining
+    gcs = ray._private.worker.global_worker.gcs_client
+    assert node not in gcs.get_draining_nodes()
+    listed = cli(cluster.address, "cordons", "-o", "json")
+    assert [c["node"] for c in json.loads(listed.stdout)] == [node]
+    group.shutdown()
+    ctl.release("maint")
+    other = ctl.reserve("after", spec(), timeout_s=60)  # two nodes: the cordoned one not
+    assert node not in {s.node_id for s in other.info.slots}
+    ctl.release("after")
+    back = cli(cluster.address, "uncordon", node[:12], env=ops)
+    assert back.returncode == 0 and "uncordoned" in back.stdout
+    assert json.loads(cli(cluster.address, "cordons", "-o", "json").stdout) == []
