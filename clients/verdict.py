@@ -38,7 +38,7 @@ from typing import Any
 
 import ray
 
-from controller.runtime.answers import DENIED, OK, REFUSED, answers
+from controller.runtime.answers import DENIED, DOUBT_WAYS, OK, REFUSED, answers
 from controller.runtime.liveness import ALIVE, DEAD  # the controller's verdicts
 
 ANSWER_TIMEOUT_S = 1.0
@@ -55,11 +55,16 @@ def actor_dead(actor: Any) -> bool:
     return not entry or entry.get("State") == "DEAD"
 
 
-def rank_answers(actors: Sequence[Any], timeout: float = ANSWER_TIMEOUT_S) -> dict[int, str]:
+def rank_answers(
+    actors: Sequence[Any], timeout: float = ANSWER_TIMEOUT_S, doubted: Sequence[bool] = ()
+) -> dict[int, str]:
     """Whether each of ``actors`` answers now, by index: ``ok``, ``silent``, ``denied``
     (it refuses placectl's credentials: said once, as a warning), or ``refused`` (also
     for a missing actor, ``None``, and one Ray does not list alive with a port: there is
-    no process to ask). One health check each, all at once."""
+    no process to ask). One health check each, all at once; over several connections
+    for those ``doubted`` (by index: asked before, without an answer), as the controller
+    asks a node in doubt: over a lossy link one connection may stall for seconds behind
+    a lost packet, and a rank that answers is not hung."""
     addresses: dict[str, str] = {}
     out: dict[int, str] = {}
     for i, actor in enumerate(actors):
@@ -70,7 +75,8 @@ def rank_answers(actors: Sequence[Any], timeout: float = ANSWER_TIMEOUT_S) -> di
             continue
         addresses[str(i)] = f"{address['IPAddress']}:{address['Port']}"
     why: dict[str, str] = {}
-    out.update({int(i): a for i, a in answers(addresses, timeout, why).items()})
+    ways = {str(i): DOUBT_WAYS for i, d in enumerate(doubted) if d}
+    out.update({int(i): a for i, a in answers(addresses, timeout, why, ways).items()})
     for reason in set(why.values()) - _told_denied:
         _told_denied.add(reason)
         warnings.warn(
@@ -97,11 +103,18 @@ def judge(
     :func:`settle`) and kill the ones hung on a live node if ``kill_hung``: what
     ``WorkerGroup.repair`` does before it relaunches anything."""
     live = [r for r, a in enumerate(actors) if a is not None]
+    asked: set[int] = set()
+
+    def ask_ranks(ranks: list[int]) -> dict[int, str]:
+        got = rank_answers([actors[r] for r in ranks], doubted=[r in asked for r in ranks])
+        asked.update(ranks)
+        return {ranks[i]: a for i, a in got.items()}
+
     hung = settle(
         live,
         nodes,
         ask_nodes=lambda: reservation.controller.verdicts(reservation.job, list(nodes)),
-        ask_ranks=lambda ranks: _by_rank(actors, ranks),
+        ask_ranks=ask_ranks,
         dead=dead,
         within=within,
         say=say,
@@ -111,11 +124,6 @@ def judge(
         job = reservation.job
         say(f"{job}: ranks {hung} silent for {within:g}s on live nodes: killed as hung")
         kill([actors[r] for r in hung])
-
-
-def _by_rank(actors: Sequence[Any], ranks: list[int]) -> dict[int, str]:
-    got = rank_answers([actors[r] for r in ranks])
-    return {ranks[i]: a for i, a in got.items()}
 
 
 def final(answer: str | None, node: str) -> bool:

@@ -174,6 +174,7 @@ class Driver:
         if settings:
             argv += ["--settings", json.dumps(settings)]
         self.log: list[dict] = []
+        self._unclaimed: list[dict] = []
         self._lines: queue.Queue = queue.Queue()
         self.proc = hosts.run(host, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)  # fmt: skip
@@ -187,7 +188,11 @@ class Driver:
         self._lines.put({"event": "exited", "code": self.proc.wait()})
 
     def wait(self, event: str, timeout: float) -> dict:
-        """The next answer ``event``; the ones before it are kept in ``log``."""
+        """The next answer ``event``; the ones before it are kept in ``log``, and those
+        not awaited yet (an answer to a command sent earlier) until they are."""
+        for i, got in enumerate(self._unclaimed):
+            if got["event"] == event:
+                return self._unclaimed.pop(i)
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -200,6 +205,8 @@ class Driver:
                 return got
             if got["event"] in ("exited", "error"):
                 raise RuntimeError(f"the driver said {got} while {event!r} was awaited")
+            if got["event"] != "progress":
+                self._unclaimed.append(got)
 
     def send(self, command: str) -> None:
         self.proc.stdin.write(command + "\n")

@@ -46,6 +46,7 @@ _METHOD = "/grpc.health.v1.Health/Check"
 # A lane late where another answered is stuck behind a lost packet, whose retransmission
 # waits longer at each loss (measured: one connection silent for 29 s on a link losing
 # 30%): it is replaced by a new connection, made at once, before the next check.
+DOUBT_WAYS = 3  # connections for a process in doubt (the controller: settings.looks)
 _KEPT: collections.OrderedDict[tuple[str, int], object] = collections.OrderedDict()
 _KEPT_MOST = 4096
 _LOCK = threading.Lock()

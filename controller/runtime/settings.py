@@ -11,6 +11,7 @@ from collections.abc import Mapping
 import msgspec
 
 from controller.errors import SettingsError
+from controller.runtime.answers import DOUBT_WAYS
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,7 +69,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # packet's successors on its connection, so looks on one connection miss together
     # over a lossy link, where separate connections lose independently. A cut node
     # answers on none, and is fenced no later.
-    looks: int = 3
+    looks: int = DOUBT_WAYS
     # A caller that suspects a node (status, repair) waits for its fence at most this
     # long: a fence takes milliseconds, but a GCS slow to answer must not hold the call
     # (the fence goes on, and Ray's node event is acted on when it comes).

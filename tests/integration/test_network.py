@@ -115,10 +115,13 @@ def test_two_of_three_worker_hosts_cut_off_is_left_to_ray(hosts, driver):
 
 
 def test_a_lossy_link_for_20s_fences_no_host_that_answers(hosts, driver):
-    """30% of packets lost both ways on a job's host for 20 s: its raylet still answers
-    now and then, and witnesses reach it; nothing is fenced, no rank moves."""
+    """30% of packets lost both ways on a job's host for 20 s, and repair() called the
+    instant it starts, as a user reacting to a slow step would: its raylet and its ranks
+    still answer now and then, and witnesses reach it; nothing is fenced, repair()
+    relaunches nothing, no rank moves."""
     before = _answering(driver)
     hosts.degrade(1, loss=0.3)
+    driver.send("repair")
     try:
         # The loss is real: connections from the head to that host fail now and then.
         probe = (
@@ -135,6 +138,7 @@ def test_a_lossy_link_for_20s_fences_no_host_that_answers(hosts, driver):
             time.sleep(2)
     finally:
         hosts.heal(1)
+    assert driver.wait("repair", 180)["lost"] == []
     assert _pids(_answering(driver)) == _pids(before)
     assert driver.ask("health")["fenced"] == {}
 
