@@ -9,7 +9,9 @@ processes on the head look at the worker's raylet every ``liveness_period`` with
 
 * ``one``: every look over the one kept connection (placectl before ``looks``);
 * ``placectl``: the rule of ``controller.runtime.liveness``: one connection while the
-  node answers, ``looks`` connections at once from its first silent look on.
+  node answers, ``looks`` connections at once from its first silent look on (and a
+  stalled one replaced when another answers);
+* a number N: N connections at every look.
 
 For each: the share of looks that came back silent, the longest silence, and the
 silences that lasted ``fence_after`` (counted as the sweep counts them: from the start of
@@ -17,7 +19,7 @@ the first silent look to the end of a later one). Each of those is a fence the
 witnesses alone stand between; placectl's rule wants none.
 
 Needs root and iproute2. Usage: scripts/bench/bench_looks.py [--seconds 300]
-[--loss 0.3] [--json PATH]
+[--loss 0.3] [--modes one,placectl,3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ def main() -> None:
     ap = parser(__doc__)
     ap.add_argument("--seconds", type=float, default=300.0, help="how long each probe looks")
     ap.add_argument("--loss", type=float, default=0.3, help="share of packets lost both ways")
-    ap.add_argument("--modes", default="one,placectl", help="one, placectl, or a number of lanes always")
+    ap.add_argument(
+        "--modes", default="one,placectl,3", help="one, placectl, or N (N connections always)"
+    )
     args = ap.parse_args()
     results = Results("looks", args)
     here = pathlib.Path(__file__).resolve()

@@ -122,6 +122,16 @@ class Run:
         if self.driver.ask("health")["fenced"] != fenced:
             self.fail(n, "a node was fenced")
 
+    def only_they_left(self, n: int, before: list, doomed: list, victim, how: str) -> None:
+        """No rank answers from ``victim`` any more, and the ranks not ``doomed`` are the
+        same processes as ``before``."""
+        after = self.answering()
+        if any(r and r["ip"] == victim.ip for r in after):
+            self.fail(n, f"a rank is still on the {how} host")
+        kept = [i for i in range(len(before)) if i not in doomed]
+        if any(after[i] and after[i]["pid"] != before[i]["pid"] for i in kept):
+            self.fail(n, "a rank on another host was relaunched")
+
     def drain(self, n: int, before: list) -> None:
         victim = self.host_of(self.rng.choice([r["ip"] for r in before]))
         doomed = [i for i, r in enumerate(before) if r["ip"] == victim.ip]
@@ -133,12 +143,7 @@ class Run:
             self.fail(n, f"ranks {got['dead']} died before they moved")
         if got["moved"] != doomed:
             self.fail(n, f"moved {got['moved']}, on the drained host {doomed}")
-        after = self.answering()
-        if any(r and r["ip"] == victim.ip for r in after):
-            self.fail(n, "a rank is still on the drained host")
-        kept = [i for i in range(len(before)) if i not in doomed]
-        if any(after[i] and after[i]["pid"] != before[i]["pid"] for i in kept):
-            self.fail(n, "a rank on another host was relaunched")
+        self.only_they_left(n, before, doomed, victim, "drained")
         self.hosts.restart(victim)  # the spot machine goes, and comes back a spare
 
     def cut(self, n: int, before: list, crash: bool = False) -> None:
@@ -154,12 +159,7 @@ class Run:
         print(f"  repaired {got['lost']} in {got['seconds']}s", flush=True)
         if got["lost"] != doomed:
             self.fail(n, f"relaunched {got['lost']}, lost {doomed}")
-        after = self.answering()
-        if any(r and r["ip"] == victim.ip for r in after):
-            self.fail(n, "a rank is still on the cut host")
-        kept = [i for i in range(len(before)) if i not in doomed]
-        if any(after[i] and after[i]["pid"] != before[i]["pid"] for i in kept):
-            self.fail(n, "a rank on another host was relaunched")
+        self.only_they_left(n, before, doomed, victim, "cut")
         self.hosts.heal(victim)
         old = {before[i]["pid"] for i in doomed}
         deadline = time.monotonic() + 60
