@@ -111,7 +111,7 @@ class Roster:
         """Kill ranks and end what they left on their nodes (:mod:`clients.leftovers`);
         the names of the detached ones in ``reused`` (default all) are free again when
         this returns, for a new worker of the same name."""
-        draining = leftovers.draining_nodes()
+        draining = leftovers.draining_nodes() if ranks else set()
         inside = [
             (self.actors[r], self.tags[r], a.placement.node_id)
             for r in ranks

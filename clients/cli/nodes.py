@@ -24,6 +24,11 @@ def _said(got: dict, how: str) -> str:
     return line
 
 
+def _cordon(node: str, address, why: str, force: bool, output: str, drain: bool) -> None:
+    got = connect(address).cordon(node, drain=drain, why=why, force=force)
+    emit(output, got, lambda: _said(got, "drained" if drain else "cordoned"))
+
+
 @cli.command()
 @click.argument("node")
 @address_option
@@ -35,9 +40,7 @@ def cordon(node, address, why, force, output, as_json) -> None:
     no reservation, spare or repair picks it; the slots there stay. For a node due for
     maintenance, or a GPU that throws errors. Needs the operator's token
     (PLACECTL_OPERATOR_TOKEN) or --force. `placectl uncordon NODE` undoes it."""
-    output = fmt(output, as_json)
-    got = connect(address).cordon(node, why=why, force=force)
-    emit(output, got, lambda: _said(got, "cordoned"))
+    _cordon(node, address, why, force, fmt(output, as_json), drain=False)
 
 
 @cli.command()
@@ -52,9 +55,7 @@ def drain(node, address, why, force, output, as_json) -> None:
     ready before the old one goes, and each job moves its ranks with
     `WorkerGroup.sync()` at a step boundary. The node stays in Ray. Needs the
     operator's token (PLACECTL_OPERATOR_TOKEN) or --force."""
-    output = fmt(output, as_json)
-    got = connect(address).cordon(node, drain=True, why=why, force=force)
-    emit(output, got, lambda: _said(got, "drained"))
+    _cordon(node, address, why, force, fmt(output, as_json), drain=True)
 
 
 @cli.command()

@@ -67,7 +67,7 @@ class NodeCalls:
         return [_shown(c) for c in sorted(self._state.cordons.values(), key=lambda c: c.at)]
 
     def _refresh(self) -> None:
-        self._nodes.set_cordoned({n: c.drain for n, c in self._state.cordons.items()})
+        self._nodes.set_cordoned(self._state.cordons)
 
     def _resolve(self, name: str, alive: bool) -> str:
         if alive:

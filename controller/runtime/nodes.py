@@ -7,10 +7,13 @@ costs, not a read and a sort of the whole cluster.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import msgspec
 
 from controller.planning.cluster import ClusterView, NodeView, order_nodes
 from controller.runtime.io import NodeInfo
+from controller.state.cordons import Cordon
 
 _BOOKKEEPING = ("CPU", "memory", "object_store_memory")
 
@@ -83,8 +86,9 @@ class ClusterNodes:
         drained = {n: 0.0 for n, drain in self._cordoned.items() if drain}
         return {**drained, **self._draining}
 
-    def set_cordoned(self, cordoned: dict[str, bool]) -> None:
-        """Take the operator's cordons (node -> drained too); the view leaves them out."""
+    def set_cordoned(self, cordons: Mapping[str, Cordon]) -> None:
+        """Take the operator's cordons (node -> its cordon); the view leaves them out."""
+        cordoned = {n: c.drain for n, c in cordons.items()}
         if cordoned != self._cordoned:
             self._cordoned = dict(cordoned)
             self._version += 1

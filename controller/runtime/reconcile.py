@@ -60,7 +60,7 @@ class Reconciler:
         await self._io.node_events()  # subscribe first: no death between read and watch
         loaded = await self._state.load()
         self._nodes.set_all(await self._io.nodes())
-        self._nodes.set_cordoned({n: c.drain for n, c in self._state.cordons.items()})
+        self._nodes.set_cordoned(self._state.cordons)
         table = await self._io.groups()
         for job in sorted(self._state.records):
             res = self._state.records[job]
