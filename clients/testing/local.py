@@ -5,13 +5,60 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
-from typing import Any
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from controller.runtime.channels import TEST_HOOKS
 
 HEAD = {"num_cpus": 2, "num_gpus": 0}
 GPUS_PER_NODE = 4
+# Ray gives a starting node 30 s to register with the GCS; on 2 loaded cores a raylet
+# once never did (CI, a head between two test modules: no raylet log at all), and the
+# half-started node's GCS ran on for 20 minutes. Such a start is cleaned up and tried
+# again, this many times in all.
+STARTS = 3
+_TIMED_OUT = "timed out during startup"
+T = TypeVar("T")
+
+
+def started(start: Callable[[], T], what: str) -> T:
+    """``start()`` (a Ray node's start), again after a start that timed out: the
+    processes that start left behind are killed first (the children this process
+    started meanwhile, and theirs; not the workers an older node started meanwhile).
+    Any other error is raised as it is."""
+    import psutil
+
+    me = psutil.Process()
+    for attempt in range(1, STARTS + 1):
+        before = {p.pid for p in me.children()}
+        try:
+            return start()
+        except Exception as e:
+            if _TIMED_OUT not in str(e) or attempt == STARTS:
+                raise
+            new = [p for p in me.children() if p.pid not in before]
+            left = new + [d for p in new for d in _descendants(p)]
+            for p in left:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+            psutil.wait_procs(left, timeout=30)
+            print(
+                f"local_cluster: the {what} did not register with Ray's GCS in 30 s "
+                f"(start {attempt} of {STARTS}); killed its {len(left)} processes, "
+                "starting it again",
+                file=sys.stderr,
+            )
+    raise AssertionError("unreachable")
+
+
+def _descendants(p: Any) -> list[Any]:
+    import psutil
+
+    try:
+        return p.children(recursive=True)
+    except psutil.Error:
+        return []
 
 
 @contextlib.contextmanager
@@ -52,10 +99,13 @@ def local_cluster(
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault(TEST_HOOKS, "1")  # a controller here answers the tests' hooks
     head_args = {"include_dashboard": dashboard, **(head or HEAD)}
-    cluster = Cluster(initialize_head=True, head_node_args=head_args)
+    cluster = started(lambda: Cluster(initialize_head=True, head_node_args=head_args), "head")
     try:
         uniform = {"num_cpus": gpus if cpus is None else cpus, "num_gpus": gpus}
-        added = [cluster.add_node(**args) for args in [uniform] * gpu_nodes + list(nodes)]
+        added = [
+            started(lambda a=args: cluster.add_node(**a), "node")
+            for args in [uniform] * gpu_nodes + list(nodes)
+        ]
         cluster.wait_for_nodes()
         if connect:
             ray.init(address=cluster.address, logging_level=log_level, log_to_driver=False)

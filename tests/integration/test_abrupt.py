@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -35,6 +36,7 @@ class Worker:
             "epoch": os.environ["PLACECTL_EPOCH"],
             "pid": os.getpid(),
             "node": ctx.get_node_id(),
+            "group": ctx.get_placement_group_id(),
         }
 
     def spin(self, seconds: float) -> int:
@@ -78,39 +80,74 @@ def launch(ctl, job: str):
 
 
 def check_where_ray_says(group, ranks) -> list[dict]:
-    """Each rank runs on the node its assignment names, as the worker's own runtime
-    context reports it."""
+    """Each rank runs on the node and in the placement group its assignment names, as
+    the worker's own runtime context reports them."""
     pings = [group.execute_rank(r, "ping") for r in ranks]
     for r, p in zip(ranks, pings, strict=True):
-        assert p["node"] == group.assignments[r].placement.node_id
+        a = group.assignments[r]
+        assert (p["node"], p["group"]) == (a.placement.node_id, a.placement_group_id)
     return pings
 
 
-def test_abrupt_node_death_repair_at_once_relaunches_exactly_the_lost_ranks(cluster, ctl):
-    # Every time, not most times: rank 0's node, then rank 4's (test_recovery repeats
-    # the flow three times more, test_figures and test_secured once each).
-    for attempt in range(2):
-        job = f"abrupt{attempt}"
-        _res, group, before = launch(ctl, job)
-        victim = before[4 * (attempt % 2)]["node"]  # rank 0's node, then rank 4's
-        on_victim = [r for r, p in enumerate(before) if p["node"] == victim]
-        started = time.monotonic()
+# An abruptly dead node dead in Ray's table after placectl's fence, and repair() back,
+# as docs/evidence/benchmarks.md states them (about 1.5 s and 3.4-4.1 s; Ray alone
+# notices in 16 s and more), bounded for 2 loaded cores.
+DEAD_S = 5.0
+REPAIR_S = 10.0
+
+
+# Every time, not most times: a race between the death and the call shows only some of
+# the time. Three ways a machine dies without a word: every process killed by signal
+# (rank 0's node), Ray's own abrupt removal (rank 4's node), and the same with a user who
+# looks a second later, who must get the same answer (rank 0's node again). The same
+# flow runs in test_secured twice, in the RLinf, OpenRLHF and training-job tests, and on
+# the fake cluster in the unit tests.
+@pytest.mark.parametrize(
+    ("how", "rank", "delay"), [("crash", 0, 0.0), ("remove", 4, 0.0), ("remove", 0, 1.0)]
+)
+def test_abrupt_node_death_repair_at_once_relaunches_exactly_the_lost_ranks(
+    cluster, ctl, how, rank, delay
+):
+    res, group, before = launch(ctl, "abrupt")
+    epoch = res.epoch
+    victim = before[rank]["node"]
+    on_victim = [r for r, p in enumerate(before) if p["node"] == victim]
+    dead_at: list[float] = []
+
+    def until_dead() -> None:  # Ray's own table, not placectl's record
+        while ray_node_alive(victim):
+            time.sleep(0.05)
+        dead_at.append(time.monotonic())
+
+    watch = threading.Thread(target=until_dead, daemon=True)
+    started = time.monotonic()
+    watch.start()
+    if how == "crash":
         machines.crash(cluster, node_of(cluster, victim))
+    else:
+        cluster.remove_node(node_of(cluster, victim), allow_graceful=False)
+    if delay:
+        time.sleep(delay)
+    else:
         assert ray_node_alive(victim)  # Ray has not noticed yet: the case that matters
-        relaunched = group.repair(timeout=60)
-        took = time.monotonic() - started
-        assert relaunched == on_victim, (attempt, relaunched, on_victim)
-        assert not ray_node_alive(victim)  # fenced through Ray, not only in placectl
-        after = check_where_ray_says(group, range(8))
-        assert all(p["node"] != victim for p in after)
-        kept = [r for r in range(8) if r not in on_victim]
-        assert [after[r]["pid"] for r in kept] == [before[r]["pid"] for r in kept]
-        # placectl's verdict, not Ray's own (whose health checks take 15 s and more)
-        assert "placectl fenced the node" in ray_death_reason(victim)
-        assert took < 30, took
-        group.shutdown()
-        ctl.release(job)
-        restore(cluster)
+    relaunched = group.repair(timeout=60)
+    took = time.monotonic() - started
+    watch.join(60)
+    assert relaunched == on_victim == [rank + i for i in range(4)], relaunched
+    assert not ray_node_alive(victim)  # fenced through Ray, not only in placectl
+    # placectl's verdict, not Ray's own (whose health checks take 15 s and more)
+    assert "placectl fenced the node" in ray_death_reason(victim)
+    assert dead_at and dead_at[0] - started < DEAD_S, dead_at
+    assert took < REPAIR_S + delay, took
+    assert res.epoch > epoch and res.state == "ready"
+    assert victim not in {s.node_id for s in res.info.slots}
+    after = check_where_ray_says(group, range(8))
+    assert all(p["node"] != victim for p in after)
+    kept = [r for r in range(8) if r not in on_victim]
+    assert [after[r]["pid"] for r in kept] == [before[r]["pid"] for r in kept]
+    group.shutdown()
+    ctl.release("abrupt")
+    restore(cluster)
 
 
 def test_a_slow_worker_is_never_relaunched(cluster, ctl):

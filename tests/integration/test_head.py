@@ -116,7 +116,7 @@ SLOT_REPAIRED_S = 4.0
 REPAIR_AFTER_RESTART_S = 8.0
 # A node dying abruptly after a whole head restart is found silent first (the liveness
 # watch, then the fence): slot 0.7-3.4 s, repair() 4.8-7.7 s; the bounds of an abrupt
-# death without a restart (test_figures: repair() within 10 s).
+# death without a restart (test_abrupt: repair() within 10 s).
 ABRUPT_SLOT_REPAIRED_S, ABRUPT_REPAIR_S = 6.0, 10.0
 
 

@@ -17,7 +17,7 @@ import pytest
 
 DRIVER = pathlib.Path(__file__).with_name("secured_driver.py")
 # Without authentication placectl fences an abruptly dead node and repair() returns in
-# 2-7 s on 2 loaded cores (tests/integration/test_figures.py bounds it the same); Ray's
+# 2-7 s on 2 loaded cores (test_abrupt.py bounds it the same); Ray's
 # own detection alone takes 15 s and more.
 REPAIR_BOUND_S = 10.0
 
