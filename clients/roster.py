@@ -18,6 +18,7 @@ from clients.launching import (
     worker_name,
 )
 from controller import PlacementError
+from controller.runtime.leftovers import TAG, new_tag
 from controller.state.assignments import Assignment
 
 
@@ -62,7 +63,7 @@ class Roster:
         self.names = list(names) if names is not None else [None] * len(actors)
         # A detached worker's tag follows from its name, so an attached group has it too.
         self.tags = [
-            leftovers.new_tag(a.uid, n, True) if n else None
+            new_tag(a.uid, n, True) if n else None
             for a, n in zip(self.assignments, self.names, strict=False)
         ]
         self.tags += [None] * (len(self.actors) - len(self.tags))
@@ -87,8 +88,8 @@ class Roster:
         extra = rank_kwargs_for(launch.rank_kwargs, world)[rank]
         options = options_for(a, launch.env, launch.actor_options)
         name = name or worker_name(self.job, self.component, rank)
-        tag = leftovers.new_tag(a.uid, name, self.detached)
-        options["runtime_env"]["env_vars"][leftovers.TAG] = tag
+        tag = new_tag(a.uid, name, self.detached)
+        options["runtime_env"]["env_vars"][TAG] = tag
         if launch.per_rank_env is not None:
             options["runtime_env"]["env_vars"].update(launch.per_rank_env(a))
         if self.detached:

@@ -349,13 +349,11 @@ class FakeCluster(FakeNetwork):
 
     async def groups(self, ids: list[str] | None = None) -> dict[str, GroupInfo]:
         wanted = list(self.groups_by_id) if ids is None else ids
-        self._cost(
-            "groups", self.latency.gcs_rtt * (1 if ids is None or len(ids) > 16 else len(ids))
-        )
+        asked = 1 if ids is None or len(ids) > 16 else len(ids)
+        self._cost("groups", self.latency.gcs_rtt * asked)
         out = {}
         for gid in wanted:
-            g = self.groups_by_id.get(gid)
-            if g is not None:
+            if (g := self.groups_by_id.get(gid)) is not None:
                 placed = g.state == CREATED
                 out[gid] = GroupInfo(
                     group_id=gid,
@@ -376,13 +374,18 @@ class FakeCluster(FakeNetwork):
         device = g.devices[bundle_index]
         return DeviceInfo(ids=[] if device is None else [device])
 
-    async def free_ports(self, node_id: str, candidates: list[int]) -> list[int]:
-        self._cost("free_ports", self.latency.gcs_rtt)
+    async def _task_on(self, node_id: str, what: str) -> FakeNode:
+        self._cost(what, self.latency.gcs_rtt)
         node = self.nodes_by_id[node_id]
         if not node.answers or not node.info.alive:
             await asyncio.Event().wait()  # a task on an unresponsive node never returns
-        low, high = node.ephemeral
-        return [p for p in candidates if p not in node.bound_ports and not low <= p <= high]
+        return node
+
+    async def free_ports(self, node_id: str, candidates: list[int]) -> list[int]:
+        return (await self._task_on(node_id, "free_ports")).unbound(candidates)
+
+    async def end_leftovers(self, node_id: str, uid: str) -> list[str]:
+        return (await self._task_on(node_id, "end_leftovers")).end_left(uid)
 
     def warm(self, node_id: str) -> None:
         self.warmed[node_id] += 1

@@ -22,6 +22,19 @@ class FakeNode:
         self.ephemeral = (32768, 60999)
         self.answers = True
         self.raylet = "ok"  # what its raylet answers a health check: ok, refused, silent
+        self.left: dict[str, str] = {}  # processes workers left: command -> their tag
+
+    def unbound(self, candidates: list[int]) -> list[int]:
+        """The ports of ``candidates`` nothing here has bound, outside the ephemeral range."""
+        low, high = self.ephemeral
+        return [p for p in candidates if p not in self.bound_ports and not low <= p <= high]
+
+    def end_left(self, uid: str) -> list[str]:
+        """End the processes workers of reservation ``uid`` left here; their commands."""
+        ended = [c for c, tag in self.left.items() if tag.startswith(f"{uid}:")]
+        for command in ended:
+            del self.left[command]
+        return ended
 
 
 class FakeGroup:

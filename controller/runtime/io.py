@@ -163,6 +163,12 @@ class ClusterIO(Protocol):
         outside the node's ephemeral port range, in the given order."""
         ...
 
+    async def end_leftovers(self, node_id: str, uid: str) -> list[str]:
+        """End every process on the node that a worker of reservation ``uid`` left there
+        (:mod:`controller.runtime.leftovers`); their command lines. Never returns from a
+        node that does not answer: the caller bounds the wait."""
+        ...
+
     def warm(self, node_id: str) -> None:
         """Start (or touch) an idle worker on a node, so a probe there starts at once."""
         ...

@@ -1,6 +1,7 @@
 """Tasks that run inside the cluster: the accelerator probe, the warm-up, the port
-check and the witness. Kept apart, importing nothing but Ray, because every node's probe
-worker imports this module: a lighter import is a faster first probe."""
+check, the witness and the leftovers' sweep. Kept apart, importing nothing but Ray,
+because every node's probe worker imports this module: a lighter import is a faster
+first probe."""
 
 import ray
 
@@ -90,3 +91,12 @@ def free_ports(candidates: list[int]) -> list[int]:
                 continue
         found.append(port)
     return found
+
+
+@ray.remote(num_cpus=0, max_calls=0, max_retries=0)
+def end_leftovers(uid: str) -> list[str]:
+    """End every process on this node that a worker of reservation ``uid`` left (its
+    tag), Ray's own workers given their time to go; their command lines."""
+    from controller.runtime.leftovers import end_tagged, reservation_prefix
+
+    return [e.command for e in end_tagged([], prefixes=[reservation_prefix(uid)])]

@@ -363,6 +363,10 @@ class RayClusterIO:
         ref = tasks.free_ports.options(scheduling_strategy=_on(node_id)).remote(candidates)
         return await _result(ref)
 
+    async def end_leftovers(self, node_id: str, uid: str) -> list[str]:
+        ref = tasks.end_leftovers.options(scheduling_strategy=_on(node_id)).remote(uid)
+        return await _result(ref)
+
     def warm(self, node_id: str) -> None:
         tasks.warm.options(scheduling_strategy=_on(node_id)).remote()
 

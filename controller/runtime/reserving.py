@@ -28,7 +28,7 @@ from controller.errors import (
     ReservationError,
 )
 from controller.planning.components import ComponentPlacement, choose_floating_nodes
-from controller.runtime import groups
+from controller.runtime import groups, leftovers
 from controller.runtime.admission import Admitter
 from controller.runtime.checks import Checker
 from controller.runtime.context import Context
@@ -333,6 +333,14 @@ class Reserver:
                 f"{sorted(left)} after {timeout:g}s; placectl keeps removing "
                 "them and drops the reservation once they are gone"
             )
+        # The workers went with their groups; a daemon one of them started did not.
+        await leftovers.end_on_nodes(
+            self._io,
+            res.uid,
+            job,
+            {s.node_id for s in res.slots if s.node_id},
+            self.settings.leftovers_timeout,
+        )
         await self._records.forgotten(job)
         await self._demand.withdraw_job(job)
         self.admitter.wake()

@@ -25,6 +25,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     full_check_period: float = 10.0
     # How long a release waits for Ray to report its groups gone before it says so.
     removal_timeout: float = 30.0
+    # Once its groups are gone, a release ends what the reservation's workers left on
+    # each of its nodes (a daemon started by an engine: Ray ends only the workers),
+    # waiting this long at most for a node to answer.
+    leftovers_timeout: float = 15.0
     # How often an unreadable table is read again (an operator may fix it).
     refusal_retry: float = 5.0
     # Placing a replacement slot: its node was checked free, so this is quick or never.
@@ -102,6 +106,7 @@ FAST = Settings(
     reconcile_period=0.005,
     full_check_period=0.1,
     removal_timeout=0.2,
+    leftovers_timeout=0.2,
     refusal_retry=0.02,
     repair_timeout=1.0,
     repair_retry=0.05,

@@ -9,8 +9,8 @@ import time
 
 import psutil
 
-from clients.leftovers import alive
 from clients.testing.tiny_model import EXTENSION
+from controller.runtime.leftovers import alive
 from tests.engines.tiny_model import PROMPT, TOKENS, weights
 
 

@@ -1,10 +1,12 @@
 """What a rank leaves on its node when it ends, read from the node's process table: an
 engine's server in a session of its own (which Ray does not end) is ended before the
 rank's slot is used again, by repair(), restart() and shutdown(), also from a driver
-that attached later; other ranks' processes are not touched."""
+that attached later, and by a release with no shutdown() at all; other ranks' processes
+are not touched."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,7 +14,7 @@ import subprocess
 import pytest
 
 import clients
-from clients.leftovers import alive
+from controller.runtime.leftovers import alive
 from tests.integration.conftest import local_cluster
 
 CONFIG = {"num_nodes": 2, "component_placement": {"engine": "0-1"}}
@@ -31,6 +33,12 @@ class Engine:
         proc = subprocess.Popen(["sleep", "600"], start_new_session=own_session)
         self.servers.append(proc)
         return proc.pid
+
+    def daemon(self) -> int:
+        """Start a server as a daemon does: double-forked into a session of its own, its
+        launcher gone (not the worker's child, which Ray ends with the worker)."""
+        launch = "setsid sleep 600 >/dev/null 2>&1 & echo $!"
+        return int(subprocess.run(["sh", "-c", launch], capture_output=True, text=True).stdout)
 
     def pid(self) -> int:
         return os.getpid()
@@ -83,3 +91,27 @@ def test_shutdown_from_a_driver_that_attached_later_ends_every_ranks_server(res,
     attached = clients.WorkerGroup.attach(res, "engine")  # the tags follow from the names
     attached.shutdown()
     assert not any(alive(p) for p in servers)
+
+
+def test_a_release_with_no_shutdown_ends_the_daemons_its_ranks_started(ctl):
+    # Ray ends the workers with their groups, and a worker's own children (checked: a
+    # child in a session of its own ended without placectl); a daemon it outlives by
+    # 30 s and more unless the release ends it.
+    res = ctl.reserve("released", CONFIG, timeout_s=60)
+    other = ctl.reserve("kept", CONFIG, timeout_s=60)
+    group = clients.WorkerGroup.launch(res, "engine", Engine, "/dev/null")
+    kept = clients.WorkerGroup.launch(other, "engine", Engine, "/dev/null")
+    daemons = [group.execute_rank(r, "daemon") for r in (0, 1)]
+    theirs = kept.execute_rank(0, "daemon")
+    try:
+        assert all(alive(p) for p in [*daemons, theirs])
+        assert ctl.release("released")
+        assert [alive(p) for p in daemons] == [False, False]  # when release returns
+        assert alive(theirs)  # another reservation's, on the same node
+    finally:
+        kept.shutdown()
+        ctl.release("kept")
+        for p in daemons:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+    assert not alive(theirs)

@@ -14,8 +14,8 @@ import pytest
 import ray
 
 import clients
-from clients.leftovers import alive
 from clients.reservation import Reservation
+from controller.runtime.leftovers import alive
 from tests.integration.conftest import local_cluster, wait_for
 from tests.integration.conftest import placectl_cli as cli
 

@@ -229,6 +229,30 @@ def test_release_is_done_only_when_ray_reports_the_groups_gone():
     run(go())
 
 
+def test_release_ends_what_the_workers_left_on_its_nodes_and_nothing_else():
+    async def go():
+        fake = cluster()
+        ctl = await controller(fake)
+        await ctl.reserve("j", spec("0-3"), 5)
+        await ctl.reserve("k", spec("4-7"), 5)
+        j, k = stored(fake, "j"), stored(fake, "k")
+        (mine,), (other,) = j.slots, k.slots
+        fake.nodes_by_id[mine.node_id].left = {"vllm serve": f"{j.uid}:j.actor.0:aa"}
+        fake.nodes_by_id[other.node_id].left = {"sglang": f"{k.uid}:k.actor.0"}
+        assert await ctl.release("j") is True
+        assert fake.nodes_by_id[mine.node_id].left == {}
+        assert fake.nodes_by_id[other.node_id].left == {"sglang": f"{k.uid}:k.actor.0"}
+        # A node that never answers holds the release for leftovers_timeout, no longer,
+        # and the release still completes.
+        fake.nodes_by_id[other.node_id].answers = False
+        assert await ctl.release("k") is True
+        assert stored(fake, "k") is None
+        assert fake.nodes_by_id[other.node_id].left == {"sglang": f"{k.uid}:k.actor.0"}
+        await ctl.stop()
+
+    run(go())
+
+
 def test_release_cancels_a_pending_reserve_and_nothing_is_left():
     async def go():
         fake = cluster()

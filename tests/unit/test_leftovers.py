@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from clients import leftovers
-from clients.leftovers import alive
+from controller.runtime import leftovers
+from controller.runtime.leftovers import alive
 
 
 @pytest.fixture
@@ -101,3 +101,14 @@ def test_tags():
     assert leftovers.new_tag("u1", "job.engine.0", detached=True) == "u1:job.engine.0"
     a, b = (leftovers.new_tag("u1", "job.engine.0", detached=False) for _ in range(2))
     assert a != b and a.startswith("u1:job.engine.0:")
+
+
+def test_a_reservations_prefix_ends_every_tag_of_it_and_no_other(spawn):
+    uid = "u9f3"
+    mine = [spawn(f"{uid}:job.engine.0"), spawn(f"{uid}:job.rollout.1:0a")]
+    other = spawn("u9f30:job.engine.0")  # another reservation whose uid starts alike
+    for pid, tag in zip(mine, [f"{uid}:job.engine.0", f"{uid}:job.rollout.1:0a"], strict=True):
+        wait_started(pid, tag)
+    ended = leftovers.end_tagged([], prefixes=[leftovers.reservation_prefix(uid)])
+    assert sorted(e.pid for e in ended) == sorted(mine)
+    assert alive(other)
