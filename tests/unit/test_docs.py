@@ -194,3 +194,11 @@ def test_every_message_the_troubleshooting_page_quotes_is_one_the_code_prints():
             if not any(len(t) >= 2 and " ".join(t) in code for t in tries):
                 missing.append((message, fragment))
     assert missing == []
+
+
+def test_every_benchmark_on_the_benchmarks_page_says_whether_ci_bounds_its_figures():
+    page = text(ROOT / "docs" / "evidence" / "benchmarks.md")
+    named = set(re.findall(r"scripts/bench/(bench_\w+\.py)", page))
+    ledger = page.split("## Which figures CI bounds", 1)[1].split("\n## ", 1)[0]
+    rows = set(re.findall(r"^\| `(bench_\w+\.py)` \|", ledger, re.M))
+    assert named and named <= rows, sorted(named - rows)
