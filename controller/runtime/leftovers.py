@@ -25,9 +25,12 @@ import secrets
 import signal
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
+
+if TYPE_CHECKING:  # the node-side sweep imports nothing of the controller
+    from controller.runtime.io import ClusterIO
 
 log = logging.getLogger("placectl.controller")
 
@@ -120,10 +123,11 @@ def end_tagged(
     return sorted(ended.values(), key=lambda e: e.pid)
 
 
-async def end_on_nodes(io: Any, uid: str, job: str, node_ids: set[str], timeout: float) -> int:
+async def end_on_nodes(
+    io: ClusterIO, uid: str, job: str, node_ids: set[str], timeout: float
+) -> int:
     """End what workers of reservation ``uid`` (job ``job``) left on each live node of
-    ``node_ids``, all at once, through ``io`` (a
-    :class:`~controller.runtime.io.ClusterIO`); how many processes ended. A node that
+    ``node_ids``, all at once, through ``io``; how many processes ended. A node that
     does not answer within ``timeout`` is named in the log and left as it is: a release
     never waits on it longer, nor fails for it."""
     live = sorted(node_ids - await io.dead_nodes(sorted(node_ids)))
