@@ -3,9 +3,10 @@ table; no Ray here (it runs in a task on the node, and in the tests).
 
 An inference engine started inside a rank (vLLM's engine core and workers, SGLang's
 scheduler, a server launched with ``subprocess``) is a tree of plain OS processes. When
-the rank ends, Ray ends what it knows: the worker, the actors it owns, and the processes
-still in the worker's process group or its direct children. A process that left both (a
-daemon, double-forked into a session of its own) outlives the rank and keeps its device
+the rank ends, Ray ends what it knows: the worker, the actors it owns, the processes
+still in the worker's process group, and, when the worker exits rather than being killed
+by a signal, its direct children. A daemon (double-forked into a session of its own)
+outlives the rank either way, as does a child of a killed worker, and keeps its device
 memory and ports, so the engine started next in the same slot cannot start.
 
 placectl tags every worker it starts with ``PLACECTL_WORKER=<reservation uid>:<name>``
