@@ -333,7 +333,13 @@ class Reserver:
                 f"{sorted(left)} after {timeout:g}s; placectl keeps removing "
                 "them and drops the reservation once they are gone"
             )
-        # The workers went with their groups; a daemon one of them started did not.
+        await self._records.forgotten(job)
+        await self._demand.withdraw_job(job)
+        self.admitter.wake()
+        log.info("released %r", job)
+        # The workers went with their groups; a daemon one of them started did not. The
+        # record goes first: the sweep waits out Ray's own workers (seconds), and the
+        # reservation is over once its groups are (a waiting job is admitted meanwhile).
         await leftovers.end_on_nodes(
             self._io,
             res.uid,
@@ -341,10 +347,6 @@ class Reserver:
             {s.node_id for s in res.slots if s.node_id},
             self.settings.leftovers_timeout,
         )
-        await self._records.forgotten(job)
-        await self._demand.withdraw_job(job)
-        self.admitter.wake()
-        log.info("released %r", job)
         return True
 
     async def release(self, job: str, caller: Caller | None = None) -> bool:

@@ -46,6 +46,13 @@ def metrics_cluster():
         yield c, port
 
 
+@pytest.fixture(autouse=True)
+def _released(metrics_cluster):
+    """Each test starts on an empty cluster, whatever the one before it left."""
+    yield
+    clients.connect().release_all(force=True)
+
+
 def _scrape(port: int) -> dict[str, list[dict[str, str]]]:
     """Each sample name of Ray's Prometheus export -> the label sets it has."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
