@@ -10,13 +10,18 @@ And how a trainer's tensors reach a vLLM engine's own worker processes, as the f
 send them: :func:`encode` them (vLLM's RPC carries bytes, not tensors), and start the
 engine with ``worker_extension_cls=EXTENSION``, which gives every worker a ``push``
 method that ``llm.collective_rpc("push", args=(encoded,))`` calls; it hands the tensors
-to the model's ``load_weights`` by their Hugging Face names."""
+to the model's ``load_weights`` by their Hugging Face names.
+
+And the oracle an engine is checked against: transformers' own greedy tokens for
+:data:`PROMPT` (:func:`greedy`), from this model or with a trainer's tensors in it."""
 
 from __future__ import annotations
 
 import pathlib
 
 VOCAB = 320
+PROMPT = "one two three"  # what tests and benchmarks ask an engine to continue
+TOKENS = 8  # how many tokens it generates, greedily
 TEXT = [
     "the quick brown fox jumps over the lazy dog",
     "one two three four five six seven eight nine ten",
@@ -85,4 +90,33 @@ class Push:
 
 EXTENSION = f"{__name__}.Push"
 
-__all__ = ["EXTENSION", "Push", "build", "encode"]
+
+def weights(path: pathlib.Path, names: set[str]) -> dict[str, tuple[str, list[int], bytes]]:
+    """The tensors ``names`` of the model at ``path``, as a trainer sends them
+    (:func:`encode`)."""
+    from safetensors.torch import load_file
+
+    found = load_file(str(path / "model.safetensors"))
+    return encode({n: t for n, t in found.items() if n in names})
+
+
+def greedy(path: pathlib.Path, replaced: pathlib.Path | None = None, names=()) -> list[int]:
+    """transformers' greedy tokens for :data:`PROMPT` from the model at ``path``, with
+    the tensors ``names`` taken from the model at ``replaced``."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if replaced is not None:
+        new = load_file(str(replaced / "model.safetensors"))
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n in names:
+                    p.copy_(new[n])
+    ids = AutoTokenizer.from_pretrained(path)(PROMPT, return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=TOKENS, do_sample=False)
+    return out[0, ids.shape[1] :].tolist()
+
+
+__all__ = ["EXTENSION", "PROMPT", "TOKENS", "Push", "build", "encode", "greedy", "weights"]

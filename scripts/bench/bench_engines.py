@@ -27,9 +27,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import clients  # noqa: E402
-from tests.engines import tiny_model  # noqa: E402
-from tests.engines.conftest import ENV  # noqa: E402
-from tests.engines.vllm_rank import Engine, Trainer, alive  # noqa: E402
+from clients.testing import tiny_model  # noqa: E402
+from clients.testing.vllm_ranks import ENV, Engine, Trainer, alive  # noqa: E402
 
 CONFIG = {
     "num_nodes": 2,

