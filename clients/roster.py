@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 
-from clients import leftovers
+from clients import slot_sweep
 from clients.launching import (
     WORKER_NAMESPACE,
     options_for,
@@ -106,13 +106,13 @@ class Roster:
             if tag:
                 by_node.setdefault(a.placement.node_id, []).append(tag)
         if by_node:
-            leftovers.end_left_behind(by_node)
+            slot_sweep.end_left_behind(by_node)
 
     def stop(self, ranks: list[int], reused: set[int] | None = None) -> None:
-        """Kill ranks and end what they left on their nodes (:mod:`clients.leftovers`);
+        """Kill ranks and end what they left on their nodes (:mod:`clients.slot_sweep`);
         the names of the detached ones in ``reused`` (default all) are free again when
         this returns, for a new worker of the same name."""
-        draining = leftovers.draining_nodes() if ranks else set()
+        draining = slot_sweep.draining_nodes() if ranks else set()
         inside = [
             (self.actors[r], self.tags[r], a.placement.node_id)
             for r in ranks
@@ -121,7 +121,7 @@ class Roster:
             and self.actors[r] is not None
             and self.tags[r]
         ]
-        leftovers.end_from_inside(inside)  # no task runs on a draining node
+        slot_sweep.end_from_inside(inside)  # no task runs on a draining node
         for r in ranks:
             with contextlib.suppress(Exception):  # most are already dead with their node
                 ray.kill(self.actors[r], no_restart=True)

@@ -11,7 +11,7 @@ from controller.runtime.demand import Demand
 from controller.runtime.incarnation import Incarnation
 from controller.runtime.io import ClusterIO
 from controller.runtime.locks import JobLocks
-from controller.runtime.nodes import ClusterNodes
+from controller.runtime.node_view import ClusterNodes
 from controller.runtime.progress import Progress
 from controller.runtime.settings import Settings
 from controller.runtime.state import ReservationState

@@ -1,7 +1,7 @@
 """The demand placectl shows the cluster's autoscaler, held as placement groups.
 
 Each owner (a reserve waiting for nodes, a reservation whose lost or draining slot has no
-spare) states what it wants as a :class:`~controller.state.demand.Want`; this module
+spare) states what it wants as a :class:`~controller.state.wants.Want`; this module
 holds it as placement groups Ray reports as pending demand, which an autoscaler (Ray's,
 KubeRay's) reads to add nodes. Their selectors keep them off every live node that could
 hold them, so one is placed only on a node that joined for it. Then it has done its
@@ -23,8 +23,8 @@ import secrets
 import time
 
 from controller.runtime.io import CREATED, ClusterIO
-from controller.runtime.nodes import ClusterNodes
-from controller.state.demand import Want
+from controller.runtime.node_view import ClusterNodes
+from controller.state.wants import Want
 
 log = logging.getLogger("placectl.controller")
 DEMAND_PREFIX = "placectl-demand:"

@@ -16,11 +16,11 @@ from controller.planning.cluster import ClusterView
 from controller.planning.node_groups import ACCELERATOR
 from controller.runtime.demand import Demand
 from controller.runtime.io import CREATED, REMOVED, ClusterIO, GroupInfo
-from controller.runtime.nodes import ClusterNodes
+from controller.runtime.node_view import ClusterNodes
 from controller.state import fit
 from controller.state.causes import GROUP_REMOVED, GROUP_UNPLACED, NODE_LOST, Broken
-from controller.state.demand import for_missing_nodes
 from controller.state.records import ReservationRecord, SlotRecord
+from controller.state.wants import for_missing_nodes
 
 log = logging.getLogger("placectl.controller")
 PROGRESS_LOG_PERIOD_S = 5.0
@@ -39,7 +39,7 @@ async def wait_for_nodes(
 ) -> ClusterView:
     """The live cluster once it has the ``spec.num_nodes`` nodes a plan needs. While it
     waits, what is missing is shown to the cluster's autoscaler as pending demand
-    (:mod:`controller.state.demand`), withdrawn before it returns or raises.
+    (:mod:`controller.state.wants`), withdrawn before it returns or raises.
 
     Raises:
         ReservationTimeout: still too few at ``deadline``.

@@ -16,9 +16,9 @@ from typing import Protocol
 
 import msgspec
 
-from controller.state.demand import DemandGroup
 from controller.state.events import Event
 from controller.state.usage import QueueUsage
+from controller.state.wants import DemandGroup
 
 CREATED, PENDING, REMOVED, RESCHEDULING = "CREATED", "PENDING", "REMOVED", "RESCHEDULING"
 # The resource Ray gives the head node only; the controller asks for a sliver of it.

@@ -12,7 +12,7 @@ memory and ports, so the engine started next in the same slot cannot start.
 placectl tags every worker it starts with ``PLACECTL_WORKER=<reservation uid>:<name>``
 in its environment, which every process the worker starts inherits (unless it clears its
 environment), whatever session or parent it ends up with. The client ends a stopped
-rank's tag (:mod:`clients.leftovers`); the controller, on ``release``, every tag of the
+rank's tag (:mod:`clients.slot_sweep`); the controller, on ``release``, every tag of the
 reservation on each node it held (:func:`reservation_prefix`).
 """
 

@@ -22,7 +22,7 @@ from controller.runtime import probe as tasks
 from controller.runtime.io import HEAD_RESOURCE, DeviceInfo, GroupInfo, NodeEvent, NodeInfo
 from controller.runtime.metrics import RayMetrics
 from controller.runtime.ray_gcs import fence_node, gcs_store, gcs_unavailable
-from controller.state.demand import DemandGroup
+from controller.state.wants import DemandGroup
 
 log = logging.getLogger("placectl.controller")
 

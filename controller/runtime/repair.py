@@ -24,11 +24,11 @@ from controller.runtime.checks import Checker
 from controller.runtime.context import Context
 from controller.runtime.leasing import Leaser
 from controller.state.causes import DRAIN, OWN_NODE, RESPONSES
-from controller.state.demand import Want, for_spare
 from controller.state.owners import Caller
 from controller.state.published import publish
 from controller.state.records import DEGRADED, MANUAL, READY, LeavingGroup, ReservationRecord
 from controller.state.spares import choose_spare, segments_kept
+from controller.state.wants import Want, for_spare
 
 log = logging.getLogger("placectl.controller")
 

@@ -30,7 +30,7 @@ import ray
 from ray.util.placement_group import placement_group_table
 
 from controller import ComponentPlacement, PlacementError
-from controller.runtime.nodes import live_view
+from controller.runtime.node_view import live_view
 from controller.runtime.ray_io import node_infos
 
 

@@ -120,7 +120,7 @@ async def controller(fake: FakeCluster, settings: Settings = FAST) -> PlacementC
 
 def write_v1(fake: FakeCluster, records: dict[str, ReservationRecord]) -> None:
     """Replace the fake GCS's table with the format-1 table of ``records``."""
-    from controller.runtime.nodes import live_view
+    from controller.runtime.node_view import live_view
     from controller.state.table import LEGACY_KEY
 
     view = live_view([n.info for n in fake.nodes_by_id.values()], fake.accelerator)

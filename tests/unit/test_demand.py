@@ -12,7 +12,7 @@ from controller import load_spec
 from controller.errors import ReservationTimeout
 from controller.planning.cluster import ClusterView, NodeView
 from controller.runtime.settings import FAST
-from controller.state.demand import (
+from controller.state.wants import (
     NODE_BUNDLE,
     PACK,
     STRICT_PACK,

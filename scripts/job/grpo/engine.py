@@ -78,6 +78,6 @@ class Rollout:
         ]
 
     def where(self) -> dict:
-        from grpo.workers import where
+        from grpo.roles import where
 
         return where()

@@ -27,7 +27,7 @@ import ray
 
 import clients
 from controller.planning.spec_edit import with_component
-from grpo import workers
+from grpo import roles
 from grpo.checkpoints import Checkpoints
 from grpo.protocol import MACHINE_FAULTS, Options, fault, send
 
@@ -102,11 +102,11 @@ class Job:
         if cfg.rollout == "vllm":
             from grpo.engine import Rollout as rollout
         else:
-            rollout = workers.Generator
+            rollout = roles.Generator
         return {
-            "actor": (workers.Trainer, cfg, ckpt),
+            "actor": (roles.Trainer, cfg, ckpt),
             "rollout": (rollout, cfg),
-            "reward": (workers.Scorer,),
+            "reward": (roles.Scorer,),
         }
 
     def _each(self, fn, items):
