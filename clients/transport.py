@@ -128,8 +128,9 @@ class ActorClient:
         return self.call("check_alive")
 
     def health(self) -> dict[str, Any]:
-        """The controller's incarnation, whether it has recovered, and why it refuses to
-        act if it does (an unreadable table)."""
+        """The controller's incarnation, whether it has recovered, why it refuses to act
+        if it does (an unreadable table), and each reservation's steps (``steps``: the
+        one running, then those waiting)."""
         return self.call("health")
 
 

@@ -25,6 +25,7 @@ from controller.errors import PlacementError, ReservationTimeout
 from controller.planning.components import ComponentPlacement, choose_floating_nodes
 from controller.runtime import groups
 from controller.runtime.context import Context
+from controller.runtime.stewards import Trigger
 from controller.runtime.tasks import to_the_end
 from controller.state import queueing
 from controller.state.plan import JobPlan, plan_slots
@@ -52,7 +53,8 @@ class Admitter:
         poke: Callable[[], None],
         release: Callable[[str], Awaitable[bool]],
     ) -> None:
-        self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
+        self._io, self._state, self._nodes = ctx.io, ctx.state, ctx.nodes
+        self._stewards = ctx.stewards
         self._records = ctx.records
         self._progress = ctx.progress
         self._prefix = ctx.prefix
@@ -145,7 +147,7 @@ class Admitter:
             else:
                 self._tasks.start("place", job, self._place(job))
         for job, waiter in decision.preempt.items():
-            # It waits for the job's lock in a task of its own, never in this pass.
+            # Its step waits for the job's steward in a task of its own, never in this pass.
             self._tasks.start("preempt", job, self._preempt(job, waiter))
         for job, (pos, why) in decision.waiting.items():
             self._progress.say(job, f"queued: position {pos} of {len(records)}: {why}")
@@ -154,17 +156,20 @@ class Admitter:
     async def _preempt(self, job: str, waiter: str) -> None:
         """Give a preemptible reservation its deadline (written to the table, where its
         drivers and workers read it), once whatever is changing it now is done."""
-        try:
-            async with self._locks.job(job):
-                res = self._state.get(job)
-                if res is None or res.preempt_at or not res.preemptible or not res.slots:
-                    return
-                grace = res.preempt_grace or self._grace
-                deadline = time.time() + grace
-                at = time.strftime("%H:%M:%S", time.localtime(deadline))
-                reason = f"preempted for {waiter!r}: released at {at}"
-                await self._records.preempted(res, deadline, reason)
+
+        async def step() -> None:
+            res = self._state.get(job)
+            if res is None or res.preempt_at or not res.preemptible or not res.slots:
+                return
+            grace = res.preempt_grace or self._grace
+            deadline = time.time() + grace
+            at = time.strftime("%H:%M:%S", time.localtime(deadline))
+            reason = f"preempted for {waiter!r}: released at {at}"
+            await self._records.preempted(res, deadline, reason)
             log.warning("preempting %r for %r: released in %.0fs", job, waiter, grace)
+
+        try:
+            await self._stewards.run(job, Trigger.PREEMPT, step)
         except Exception as e:
             log.warning("preempting %r failed: %s; the next pass decides again", job, e)
         finally:

@@ -15,7 +15,7 @@ reservation is exactly as before (a rebuilt slot that was already removed is mad
 by the repair, as a slot whose group vanished). A controller that restarts with an
 intent clears it the same way; its groups are orphans.
 
-It changes records only through the state owner and holds the job's lock while it does.
+It changes records only through the state owner, in a step of the job's steward.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from controller.runtime import groups
 from controller.runtime.checks import Checker
 from controller.runtime.context import Context
 from controller.runtime.leasing import Leaser
+from controller.runtime.stewards import Trigger
 from controller.state.change import ApplySummary, Change, bound_view, plan_slots_change
 from controller.state.owners import Caller
 from controller.state.plan import JobPlan
@@ -54,7 +55,8 @@ class Applier:
     """``apply`` and ``resize``; see the module docstring."""
 
     def __init__(self, ctx: Context, checker: Checker, leaser: Leaser) -> None:
-        self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
+        self._io, self._state, self._nodes = ctx.io, ctx.state, ctx.nodes
+        self._stewards = ctx.stewards
         self._records = ctx.records
         self._checker = checker
         self._leaser = leaser
@@ -96,7 +98,7 @@ class Applier:
     ) -> ApplySummary:
         """Apply ``job``'s configuration with one component placed anew: a new placement
         string (``rollout`` from ``0-7`` to ``0-15``), other node groups (a move between
-        groups), or both; edited from the configuration current under the job's lock, so
+        groups), or both; edited from the configuration current in the job's step, so
         a concurrent apply is never reverted. See :meth:`apply`."""
         self._state.require(job)
 
@@ -107,7 +109,8 @@ class Applier:
 
     async def _apply(self, job, edit, timeout, dry_run, caller, what) -> ApplySummary:
         await self._checker.confirm([job])
-        async with self._locks.job(job):
+
+        async def step() -> ApplySummary:
             started = time.monotonic()
             res = self._state.require(job)
             if caller is not None:
@@ -147,6 +150,8 @@ class Applier:
                 summary.slots_removed,
             )
             return summary
+
+        return await self._stewards.run(job, Trigger.APPLY, step)
 
     def _refuse_over_quota(self, res: ReservationRecord, slots: list) -> None:
         """An apply may not take a queued reservation's queue past its quota."""

@@ -40,7 +40,7 @@ class ChangeCalls:
     def _owns(self, job: str, token: str, force: bool, what: str) -> Caller:
         """The caller of ``what`` on ``job``, refused at once when the record as it
         stands is another's and ``force`` is not given. The operation checks again,
-        authoritatively, against the record it reads under the job's lock (and logs a
+        authoritatively, against the record it reads in the job's step (and logs a
         forced change there)."""
         caller = Caller(token, force)
         res = self._state.get(job)

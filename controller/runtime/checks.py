@@ -14,6 +14,7 @@ import logging
 from controller.runtime import groups
 from controller.runtime.context import Context
 from controller.runtime.io import GroupInfo
+from controller.runtime.stewards import Trigger
 from controller.state.records import DEGRADED, MANUAL, READY, ReservationRecord, with_dead_nodes
 
 log = logging.getLogger("placectl.controller")
@@ -28,7 +29,8 @@ class Checker:
     """
 
     def __init__(self, ctx: Context) -> None:
-        self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
+        self._io, self._state, self._nodes = ctx.io, ctx.state, ctx.nodes
+        self._stewards = ctx.stewards
         self._records = ctx.records
         self._recheck: set[str] = set()
         self._joined = False  # a node joined since the last take_joined()
@@ -106,19 +108,19 @@ class Checker:
                 continue
             self.recheck(res.job)
             self.wake()
-            if res.state == READY and not self._locks.busy(res.job):
+            if res.state == READY and not self._stewards.busy(res.job):
                 await self.check(res.job, await self._io.groups(sorted(res.group_ids())))
 
     async def check(self, job: str, table: dict[str, GroupInfo]) -> None:
         """Record a settled reservation ready or degraded by what Ray reports (``table``:
         Ray's entries of its groups). The verdict is a change of the job's record, so
-        it is written under the job's lock, taken only when free: a job another call is
-        changing is checked again at the next tick instead."""
-        lock = self._locks.job(job)
-        if lock.locked():
+        it is a step of the job's steward, posted only when the steward is idle: a job
+        a step is changing is checked again at the next tick instead."""
+        if self._stewards.busy(job):
             self.recheck(job)
             return
-        async with lock:
+
+        async def step() -> None:
             res = self._state.get(job)
             if res is None or not res.settled:
                 return
@@ -139,4 +141,6 @@ class Checker:
                 self.recheck(job)  # memory is unchanged: try again next tick
                 log.warning("could not record that %r is %s: %s", job, state, e)
                 return
-        log.warning("reservation %r is now %s %s", job, state, reason)
+            log.warning("reservation %r is now %s %s", job, state, reason)
+
+        await self._stewards.run(job, Trigger.CHECK, step)

@@ -10,11 +10,11 @@ from __future__ import annotations
 from controller.runtime.demand import Demand
 from controller.runtime.incarnation import Incarnation
 from controller.runtime.io import ClusterIO
-from controller.runtime.locks import JobLocks
 from controller.runtime.node_view import ClusterNodes
 from controller.runtime.progress import Progress
 from controller.runtime.settings import Settings
 from controller.runtime.state import ReservationState
+from controller.runtime.stewards import Stewards
 from controller.runtime.tasks import Tasks
 from controller.runtime.transitions import Transitions
 
@@ -27,7 +27,7 @@ class Context:
         state: the state owner: what is known (read it; change it through ``records``).
         records: every change of a record, named (:mod:`controller.runtime.transitions`).
         nodes: the nodes as Ray last reported them.
-        locks: who may change a job when.
+        stewards: one per job, the only way its record changes: a step, one at a time.
         tasks: every task the controller runs beside its calls; ``stop()`` ends them.
         progress: what each job waits for, as its callers are told.
         demand: what the controller asks the cluster's autoscaler for, by owner.
@@ -52,8 +52,8 @@ class Context:
         self.prefix = prefix
         self.incarnation = incarnation
         self.nodes = ClusterNodes()
-        self.locks = JobLocks()
         self.tasks = tasks or Tasks()
+        self.stewards = Stewards(self.tasks)
         self.progress = Progress()
         name = prefix.removeprefix("placectl:").rstrip(":")
         self.demand = Demand(io, self.nodes, name, settings.demand_grace, settings.demand_free_wait)

@@ -37,8 +37,9 @@ class DiagnosticCalls:
         store, fenced nodes, who refuses placectl's own calls (``denied``: node id or
         ``gcs`` -> why), the fences that failed, whether the controller suspects itself
         (``cut_off``: it reaches no majority of the nodes it asks), the nodes an
-        operator cordoned (``cordoned``: node id -> what and why), and the settings
-        that differ from the defaults."""
+        operator cordoned (``cordoned``: node id -> what and why), the steps the
+        reservations' stewards run and hold (``steps``: job -> the trigger of the step
+        running, then of those waiting), and the settings that differ from the defaults."""
         io = self._ctx.io
         return {
             "version": version(),
@@ -54,6 +55,7 @@ class DiagnosticCalls:
             "fence_failures": self._ops.liveness.fence_failures,
             "cut_off": self._ops.liveness.cut_off,
             "cordoned": {n: c.shown() for n, c in self._ctx.state.cordons.items()},
+            "steps": self._ctx.stewards.doing(),
             "settings": changed(self._ctx.settings),
         }
 

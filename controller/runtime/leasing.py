@@ -2,8 +2,8 @@
 
 A lease is decided in three steps: choose a window of candidate ports that no lease and
 no lease in progress holds (under one short lock, no I/O), ask the node which of them
-are free (outside the lock, with a deadline), then record the lease (under the job's
-lock, written before it is returned). Ports of a lease in progress are held
+are free (outside the lock, with a deadline), then record the lease (in a step of the
+job's steward, written before it is returned). Ports of a lease in progress are held
 tentatively, so two leases on one node never get the same port, and one unresponsive
 node never stalls leases anywhere else.
 """
@@ -17,6 +17,7 @@ import msgspec
 
 from controller.errors import PlacementError, ReservationError
 from controller.runtime.context import Context
+from controller.runtime.stewards import Trigger
 from controller.state.owners import Caller
 from controller.state.plan import JobPlan
 from controller.state.ports import (
@@ -39,7 +40,8 @@ class Leaser:
     ports of leases in progress; the leases themselves are in the records."""
 
     def __init__(self, ctx: Context) -> None:
-        self._io, self._state, self._locks = ctx.io, ctx.state, ctx.locks
+        self._io, self._state = ctx.io, ctx.state
+        self._stewards = ctx.stewards
         self._records = ctx.records
         self.settings = ctx.settings
         self._tentative: dict[str, set[int]] = {}
@@ -170,7 +172,8 @@ class Leaser:
         if isinstance(rank, bool) or not isinstance(rank, int):
             raise PlacementError(f"rank {rank!r}: expected an int")
         purpose = lease_purpose(name, request_id)
-        async with self._locks.job(job):
+
+        async def step() -> list[int]:
             res = self._state.require(job)
             if caller is not None:
                 caller.may(res, "a port lease")
@@ -198,6 +201,8 @@ class Leaser:
                 self.drop_holds(holds)
             return list(lease.ports)
 
+        return await self._stewards.run(job, Trigger.LEASE, step)
+
     async def release_ports(self, job: str, ports: list[int], caller: Caller | None = None) -> int:
         """End the leases holding any of ``ports`` (master ports stay); returns how many."""
         self._state.require(job)
@@ -205,7 +210,8 @@ class Leaser:
             isinstance(p, int) and not isinstance(p, bool) for p in ports
         ):
             raise PlacementError(f"ports {ports!r}: expected a list of ints")
-        async with self._locks.job(job):
+
+        async def step() -> int:
             res = self._state.require(job)
             if caller is not None:
                 caller.may(res, "a port release")
@@ -215,3 +221,5 @@ class Leaser:
             if ended:
                 await self._records.leases(res, keep)
             return ended
+
+        return await self._stewards.run(job, Trigger.RETURN_PORTS, step)

@@ -14,6 +14,7 @@ which follow-ups are in flight).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -23,6 +24,7 @@ from controller.runtime.context import Context
 from controller.runtime.io import REMOVED, GroupInfo, NodeInfo
 from controller.runtime.repair import Repairer
 from controller.runtime.reserving import Reserver
+from controller.runtime.stewards import Trigger
 from controller.runtime.store import Loaded
 from controller.state.records import AUTO, DEGRADED, PENDING, READY, RELEASING
 
@@ -35,7 +37,8 @@ class Reconciler:
     def __init__(
         self, ctx: Context, checker: Checker, reserver: Reserver, repairer: Repairer
     ) -> None:
-        self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
+        self._io, self._state, self._nodes = ctx.io, ctx.state, ctx.nodes
+        self._stewards = ctx.stewards
         self._records = ctx.records
         self._checker = checker
         self._reserver = reserver
@@ -66,14 +69,12 @@ class Reconciler:
             res = self._state.records[job]
             if res.applying is not None:
                 log.warning("rolling back an apply to %r cut short by a restart", job)
-                await self._records.applying(res, None)
+                cleared = functools.partial(self._records.applying, res, None)
+                await self._stewards.run(job, Trigger.CLEAR_INTENT, cleared)  # or stop here
                 res = self._state.records[job]  # its groups are orphans now
             if res.state in (PENDING, RELEASING):
                 log.warning("finishing %s reservation %r cut short by a restart", res.state, job)
-                try:
-                    await self._reserver.release_locked(job)
-                except Exception as e:
-                    log.warning("could not finish releasing %r yet: %s", job, e)
+                await self._finish_release(job)
             else:
                 await self._checker.check(job, table)
         await self._remove_orphans(table)
@@ -165,7 +166,7 @@ class Reconciler:
             self._repairer.retry_now()  # a spare may have arrived: try at once
         draining, now = set(self._nodes.draining), time.time()
         for job, res in list(self._state.records.items()):
-            if self._locks.busy(job) or self._reserver.in_progress(job):
+            if self._stewards.busy(job) or self._reserver.in_progress(job):
                 continue
             if any(x.remove_at <= now or x.node_id not in self._nodes for x in res.leaving):
                 self._tasks.start("leave", job, self._repairer.drop_leaving(job))
@@ -189,11 +190,11 @@ class Reconciler:
             kind, job = key.split("/", 1)
             res = self._state.get(job)
             settled = res is not None and res.state == READY and not res.node_ids() & draining
-            if kind == "spare" and settled and not self._locks.busy(job):
+            if kind == "spare" and settled and not self._stewards.busy(job):
                 await demand.withdraw(key)
 
     async def _clear_intent(self, job: str) -> None:
-        async with self._locks.job(job):
+        async def step() -> None:
             res = self._state.get(job)
             if res is not None and res.applying is not None:
                 try:
@@ -201,12 +202,16 @@ class Reconciler:
                 except Exception as e:
                     log.info("clearing the apply intent of %r: %s", job, e)
 
+        await self._stewards.run(job, Trigger.CLEAR_INTENT, step)
+
     async def _finish_release(self, job: str) -> None:
+        async def step() -> None:
+            res = self._state.get(job)
+            if res is not None and res.state in (PENDING, RELEASING):
+                await self._reserver.release_in_step(job)
+
         try:
-            async with self._locks.job(job):
-                res = self._state.get(job)
-                if res is not None and res.state in (PENDING, RELEASING):
-                    await self._reserver.release_locked(job)
+            await self._stewards.run(job, Trigger.FINISH_RELEASE, step)
         except Exception as e:
             log.info("finishing the release of %r: %s", job, e)
 

@@ -2,8 +2,8 @@
 slot back on a node of the same kind, while its other slots, their groups and their
 workers are left alone. This is the file to open to change how a lost node is replaced.
 
-It changes records only through the state owner, holds the repair lock and the job's
-lock while it does (see :mod:`controller.runtime.locks`), and keeps to itself what is in
+It changes records only in a step of the job's steward, holding the spare choice while
+it does (see :mod:`controller.runtime.stewards`), and keeps to itself what is in
 flight: the repair tasks, when each job may be tried again, and the names of the groups
 it is making (which the orphan sweep must leave alone).
 """
@@ -23,6 +23,7 @@ from controller.runtime import groups
 from controller.runtime.checks import Checker
 from controller.runtime.context import Context
 from controller.runtime.leasing import Leaser
+from controller.runtime.stewards import Trigger
 from controller.state.causes import DRAIN, OWN_NODE, RESPONSES
 from controller.state.owners import Caller
 from controller.state.published import publish
@@ -37,7 +38,8 @@ class Repairer:
     """Automatic repair of degraded reservations, and ``repair(job)`` on request."""
 
     def __init__(self, ctx: Context, checker: Checker, leaser: Leaser) -> None:
-        self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
+        self._io, self._state, self._nodes = ctx.io, ctx.state, ctx.nodes
+        self._stewards = ctx.stewards
         self._records = ctx.records
         self._checker = checker
         self._leaser = leaser
@@ -111,10 +113,11 @@ class Repairer:
         (``WorkerGroup.sync()``). Without a spare the reason says so and the slot stays;
         if the node then goes, the repair takes over as after any loss."""
         try:
-            async with self._locks.repairing(job):
+
+            async def step() -> tuple[ReservationRecord, set[str]] | None:
                 res, draining = self._state.get(job), self._nodes.draining
                 if res is None or res.state != READY or not res.node_ids() & set(draining):
-                    return
+                    return None
                 holds: list = []
                 try:
                     await self._demand.settle(f"spare/{job}")
@@ -145,7 +148,14 @@ class Repairer:
                     if why and why != res.reason:
                         log.warning("reservation %r stays where it is: %s", job, why)
                         await self._records.explained(res, why)
-                    return
+                    return None
+                return new, stale
+
+            async with self._stewards.spares:  # each move sees what the last one took
+                moved = await self._stewards.run(job, Trigger.MOVE, step)
+            if moved is None:
+                return
+            new, stale = moved
             log.warning("reservation %r moved off draining node(s) (epoch %d)", job, new.epoch)
             await groups.remove_verified(self._io, stale, self.settings.removal_timeout)
         except Exception:
@@ -155,7 +165,8 @@ class Repairer:
     async def drop_leaving(self, job: str) -> None:
         """Remove the leaving groups of ``job`` whose time came (their deadline passed,
         or their node is gone), and forget them."""
-        async with self._locks.job(job):
+
+        async def step() -> None:
             res, now = self._state.get(job), time.time()
             due = [
                 x
@@ -173,6 +184,8 @@ class Repairer:
             except Exception as e:
                 log.warning("removing the groups %r left on draining nodes: %s", job, e)
 
+        await self._stewards.run(job, Trigger.DROP_LEAVING, step)
+
     def retry_now(self) -> None:
         """A node joined: a spare may have arrived, so nobody waits to retry."""
         self._after.clear()
@@ -184,12 +197,13 @@ class Repairer:
     # ------------------------------------------------------------ one repair
     async def _run(self, job: str, caller: Caller | None = None) -> None:
         try:
-            async with self._locks.repairing(job):  # each sees what the last one took
+
+            async def step() -> set[str] | None:  # the old groups, removed after the step
                 res = self._state.get(job)
                 if res is not None and caller is not None:
                     caller.may(res, "repair")
                 if res is None or res.state != DEGRADED:
-                    return
+                    return None
                 holds: list = []
                 try:
                     await self._demand.settle(f"spare/{job}")
@@ -210,9 +224,15 @@ class Repairer:
                     if why and why != res.reason:
                         log.warning("reservation %r stays degraded: %s", job, why)
                         await self._records.explained(res, why)
-                    return
+                    return None
                 self._after.pop(job, None)
                 self._incarnation.crash_point("replace_after_write")
+                return stale
+
+            async with self._stewards.spares:  # each repair sees what the last one took
+                stale = await self._stewards.run(job, Trigger.REPAIR, step)
+            if stale is None:
+                return
             left = await groups.remove_verified(self._io, stale, self.settings.removal_timeout)
             if left:
                 log.warning("old groups of %r not removed yet: %s", job, sorted(left))

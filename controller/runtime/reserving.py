@@ -7,7 +7,7 @@ or a cancel removes everything the attempt made and forgets the record. A releas
 recorded ``releasing`` before any group is removed and is done only when Ray reports
 every group gone.
 
-It changes records only through the state owner, holds the job's lock while it does,
+It changes records only through the state owner, in steps of the job's steward,
 and keeps to itself the reserves in flight (so that a release or cancel can stop them)
 and the timings of the last one.
 """
@@ -34,6 +34,7 @@ from controller.runtime.checks import Checker
 from controller.runtime.context import Context
 from controller.runtime.leasing import Leaser
 from controller.runtime.repair import Repairer
+from controller.runtime.stewards import Trigger
 from controller.runtime.tasks import to_the_end
 from controller.state.diff import describe_difference
 from controller.state.owners import Caller
@@ -51,7 +52,8 @@ class Reserver:
     """``reserve``, ``cancel``, ``release``; see the module docstring."""
 
     def __init__(self, ctx: Context, checker: Checker, leaser: Leaser, repairer: Repairer) -> None:
-        self._io, self._state, self._nodes, self._locks = ctx.io, ctx.state, ctx.nodes, ctx.locks
+        self._io, self._state, self._nodes = ctx.io, ctx.state, ctx.nodes
+        self._stewards = ctx.stewards
         self._records = ctx.records
         self._checker = checker
         self._leaser = leaser
@@ -97,12 +99,13 @@ class Reserver:
         """
         started = time.monotonic()
         await self._checker.confirm([job])
-        async with self._locks.job(job):
+
+        async def step() -> ReservationRecord | None:
             existing = self._state.get(job)
             if existing is not None and existing.state == QUEUED:
                 queued = await self.admitter.rejoin(existing, spec, terms)
                 if queued is not None:
-                    return await self._reserve_locked(job, spec, started, timeout, policy, queued)
+                    return await self._reserve_in_step(job, spec, started, timeout, policy, queued)
                 existing = None
             same = existing is not None and existing.settled and existing.spec == spec
             if same:
@@ -110,27 +113,26 @@ class Reserver:
                     existing = await self._records.policy(existing, policy)
                 if self._checker.truthful(existing).state == READY or policy != AUTO:
                     return existing
-            else:
-                if existing is not None and existing.settled and replace and caller:
-                    caller.may(existing, "replace")
-                if existing is not None and existing.settled and not replace:
-                    raise ReservationConflict(
-                        f"job {job!r} is already reserved with a different configuration "
-                        f"({describe_difference(existing.spec, spec)}); release it first or "
-                        "pass replace=True"
-                    )
-                if existing is not None:
-                    await self.release_locked(job)
-                queued = (
-                    await self.admitter.enqueue(job, spec, policy, terms) if terms.queue else None
+                return None  # the same spec, degraded under the auto policy: repaired below
+            if existing is not None and existing.settled and replace and caller:
+                caller.may(existing, "replace")
+            if existing is not None and existing.settled and not replace:
+                raise ReservationConflict(
+                    f"job {job!r} is already reserved with a different configuration "
+                    f"({describe_difference(existing.spec, spec)}); release it first or "
+                    "pass replace=True"
                 )
-                return await self._reserve_locked(
-                    job, spec, started, timeout, policy, queued, terms
-                )
-        # The same spec, degraded under the auto policy: repaired before it is returned.
+            if existing is not None:
+                await self.release_in_step(job)
+            queued = await self.admitter.enqueue(job, spec, policy, terms) if terms.queue else None
+            return await self._reserve_in_step(job, spec, started, timeout, policy, queued, terms)
+
+        res = await self._stewards.run(job, Trigger.RESERVE, step)
+        if res is not None:
+            return res
         return await self._repairer.repair_until(job, started + timeout)
 
-    async def _reserve_locked(
+    async def _reserve_in_step(
         self,
         job: str,
         spec,
@@ -167,24 +169,27 @@ class Reserver:
 
     async def place_admitted(self, job: str) -> None:
         """Place an admitted reservation whose caller is not waiting (a controller
-        restart took the call), under the job's lock; queued again if that fails."""
+        restart took the call), in a step of its steward; queued again if that fails."""
+
+        async def step() -> None:
+            queued = self._state.get(job)
+            if queued is None or queued.state != QUEUED:
+                return
+            self._tasks.adopt("reserve", job)
+            deadline = time.monotonic() + self.settings.admitted_place_timeout
+            try:
+                await self._create(job, queued.spec, deadline, queued.repair, queued)
+            except Exception as e:
+                log.warning("placing admitted reservation %r failed: %s; queued again", job, e)
+                why = f"admitted, but placing it failed ({e}); queued again"
+                if (now := self._state.get(job)) is not None and now.state == QUEUED:
+                    await self._records.explained(now, why)
+            finally:
+                self._tasks.drop("reserve", job)
+                self._progress.clear(job)
+
         try:
-            async with self._locks.job(job):
-                queued = self._state.get(job)
-                if queued is None or queued.state != QUEUED:
-                    return
-                self._tasks.adopt("reserve", job)
-                deadline = time.monotonic() + self.settings.admitted_place_timeout
-                try:
-                    await self._create(job, queued.spec, deadline, queued.repair, queued)
-                except Exception as e:
-                    log.warning("placing admitted reservation %r failed: %s; queued again", job, e)
-                    why = f"admitted, but placing it failed ({e}); queued again"
-                    if (now := self._state.get(job)) is not None and now.state == QUEUED:
-                        await self._records.explained(now, why)
-                finally:
-                    self._tasks.drop("reserve", job)
-                    self._progress.clear(job)
+            await self._stewards.run(job, Trigger.PLACE_ADMITTED, step)
         finally:
             self.admitter.done(job)
 
@@ -195,8 +200,8 @@ class Reserver:
         if task is None:
             return False
         task.cancel()
-        async with self._locks.job(job):  # the rollback is done once the lock is free
-            return True
+        await self._stewards.settled(job, Trigger.CANCEL)  # after the reserve's rollback
+        return True
 
     async def _create(
         self,
@@ -290,7 +295,7 @@ class Reserver:
 
     async def _rollback(self, record, pending: ReservationRecord, created: dict) -> None:
         """Undo a reservation that did not complete (``record`` as far as it got,
-        ``pending`` as written), to the end: the caller holds the job's lock, and no
+        ``pending`` as written), to the end: the caller runs in the job's step, and no
         cancel (a release and a cancel of the job at once send two) may release it while
         the undo still writes."""
 
@@ -311,8 +316,9 @@ class Reserver:
             log.exception("rolling back %r failed; the reconcile loop finishes it", record.job)
 
     # ------------------------------------------------------------ release
-    async def release_locked(self, job: str) -> bool:
-        """Release ``job`` (the caller holds its lock); True if there was a record."""
+    async def release_in_step(self, job: str) -> bool:
+        """Release ``job`` (the caller runs in a step of its steward); True if there was a
+        record."""
         res = self._state.get(job)
         if res is None:
             return False
@@ -356,7 +362,10 @@ class Reserver:
         task = self._tasks.get("reserve", job)
         if task is not None:
             task.cancel()
-        async with self._locks.job(job):
+
+        async def step() -> bool:
             if caller is not None and (res := self._state.get(job)) is not None:
                 caller.may(res, "release")
-            return await self.release_locked(job) or task is not None
+            return await self.release_in_step(job)
+
+        return await self._stewards.run(job, Trigger.RELEASE, step) or task is not None

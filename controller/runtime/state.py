@@ -12,7 +12,7 @@ The only way to change any of it is :meth:`ReservationState.commit` (or
 write succeeded: intent first, enforced here instead of by every operation. A commit
 names the record it was built from and is refused unless that record is still current
 and no other write of the job is under way, so two writers of one job can never lose
-each other's change silently (see :mod:`controller.runtime.locks` for who writes when).
+each other's change silently (see :mod:`controller.runtime.stewards` for who writes when).
 Reads return frozen records and read-only mappings.
 """
 

@@ -18,8 +18,8 @@ Name = tuple[str, str]  # (kind, key)
 
 async def to_the_end(coro: Coroutine[Any, Any, Any]) -> Any:
     """Run ``coro`` to its end even if the caller is cancelled meanwhile, once or many
-    times; the cancellation is raised after it ends. A rollback that holds a job's lock
-    must end before the lock is released: the next writer of the job would otherwise
+    times; the cancellation is raised after it ends. A rollback in a job's step must end
+    before the step does: the next step of the job would otherwise
     find its write still under way (``asyncio.shield`` alone returns at the first
     cancellation and leaves the work running unowned)."""
     task = asyncio.ensure_future(coro)

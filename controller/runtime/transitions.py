@@ -1,7 +1,7 @@
 """Every change of a reservation's record, named, in one place.
 
-The operations decide *when* a record changes (under the job's lock, see
-:mod:`controller.runtime.locks`); this module says *what* each change is: it builds the
+The operations decide *when* a record changes (in a step of the job's steward, see
+:mod:`controller.runtime.stewards`); this module says *what* each change is: it builds the
 new record from the one the operation read (the ``base``) and commits it through the
 state owner, which refuses it if ``base`` is no longer the job's record
 (:class:`~controller.errors.StaleChange`) and writes it to the table before memory. No

@@ -196,16 +196,16 @@ def test_reserve_whose_last_write_fails_leaves_nothing_behind():
         ctl = await controller(fake)
         await ctl.reserve("other", spec("6-7"), 5)
         keep = live_groups(fake)
-        writes = fake.calls["kv_put"]
+        records = []
 
-        async def fail_soon():
-            await until(lambda: fake.calls["kv_put"] >= writes + 2)  # intent, then the rest
-            fake.fail_kv_writes = 1
+        async def gate(key: bytes) -> None:  # the intent is written; the record's last fails
+            records.extend([key] if key == b"res/j" else [])
+            fake.fail_kv_writes = int(len(records) == 2)
 
-        failer = asyncio.ensure_future(fail_soon())
+        fake.write_gate = gate
         with pytest.raises(PersistenceError):
             await ctl.reserve("j", spec("0-3"), 5)
-        await failer
+        fake.write_gate = None
         assert live_groups(fake) == keep and stored(fake, "j") is None
         await ctl.stop()
 
