@@ -1,13 +1,18 @@
 """The shipped RayCluster (docs/operations/raycluster.yaml) against KubeRay's own CRD
-schema, at the oldest release the docs name and the newest checked: no field the CRD
-does not know (the API server would prune it silently), every type right, every required
-field there. The schema facts come from the CRD files by scripts/tools/kuberay_schema.py.
-And the converse: at KubeRay 1.4.2 the manifest's group labels are unknown fields."""
+schema, whole, at the oldest release the docs name and the newest: no field the CRD does
+not know at any depth (the API server would prune it silently), every type right, every
+required field there, every value within the rules the API server checks (enum, pattern,
+length, minimum). The schema facts come from the CRD files, descriptions left out, by
+scripts/tools/kuberay_schema.py. And the converse: at KubeRay 1.4.2 the manifest's group
+labels are unknown fields."""
 
 from __future__ import annotations
 
+import copy
+import gzip
 import json
 import pathlib
+import re
 
 import pytest
 import yaml
@@ -18,12 +23,14 @@ OLDEST, NEWEST = "v1.5.0", "v1.7.0"
 
 
 def schema(version: str) -> dict:
-    path = ROOT / "tests" / "data" / "kuberay" / f"rayclusters-{version}.json"
-    return json.loads(path.read_text())["schema"]
+    path = ROOT / "tests" / "data" / "kuberay" / f"rayclusters-{version}.json.gz"
+    return json.loads(gzip.decompress(path.read_bytes()))["schema"]
 
 
 def problems(value: object, schema: dict, path: str = "") -> list[str]:
     """What a structural schema finds wrong with ``value`` (empty: nothing)."""
+    if value is None and schema.get("nullable"):
+        return []
     if schema.get("x-kubernetes-int-or-string"):
         ok = isinstance(value, (int, str)) and not isinstance(value, bool)
         return [] if ok else [f"{path}: expected an int or a string"]
@@ -39,6 +46,14 @@ def problems(value: object, schema: dict, path: str = "") -> list[str]:
     elif kind in types and not isinstance(value, types[kind]):
         return [f"{path}: expected {kind}, found {type(value).__name__}"]
     found = []
+    if "enum" in schema and value not in schema["enum"]:
+        found.append(f"{path}: {value!r} is not one of {schema['enum']}")
+    if isinstance(value, str) and "pattern" in schema and not re.search(schema["pattern"], value):
+        found.append(f"{path}: {value!r} does not match {schema['pattern']}")
+    if isinstance(value, str) and len(value) > schema.get("maxLength", len(value)):
+        found.append(f"{path}: longer than {schema['maxLength']}")
+    if isinstance(value, (int, float)) and value < schema.get("minimum", value):
+        found.append(f"{path}: below {schema['minimum']}")
     if isinstance(value, dict):
         props, extra = schema.get("properties"), schema.get("additionalProperties")
         for name, sub in value.items():
@@ -70,6 +85,28 @@ def test_the_check_finds_what_an_older_kuberay_would_prune():
     assert sorted(problems(bad, schema(NEWEST))) == [
         ".spec.headGroupSpecs: unknown field",
         ".spec.rayVersion: expected string, found float",
+    ]
+
+
+def test_the_schema_is_whole_and_the_check_reaches_every_depth():
+    """A field added anywhere, however deep, is checked: the schema was not cut down to
+    what the manifest held when it was written."""
+    full = schema(NEWEST)
+    pod = full["properties"]["spec"]["properties"]["headGroupSpec"]["properties"]["template"]
+    # fields the manifest does not fill are there too
+    assert {"affinity", "tolerations", "volumes"} <= set(pod["properties"]["spec"]["properties"])
+    bad = copy.deepcopy(MANIFEST)
+    container = bad["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    container["securityContext"] = {"capabilities": {"add": "SYS_PTRACE", "adds": ["x"]}}
+    container["ports"] = [{"containerPort": "8265"}]
+    bad["spec"]["autoscalerOptions"]["upscalingMode"] = "Fast"
+    head = ".spec.workerGroupSpecs[0].template.spec.containers[0]"
+    assert sorted(problems(bad, full)) == [
+        ".spec.autoscalerOptions.upscalingMode: 'Fast' is not one of "
+        "['Default', 'Aggressive', 'Conservative']",
+        f"{head}.ports[0].containerPort: expected an integer",
+        f"{head}.securityContext.capabilities.add: expected array, found str",
+        f"{head}.securityContext.capabilities.adds: unknown field",
     ]
 
 
