@@ -120,9 +120,44 @@ class Reconciler:
 
     # ------------------------------------------------------------ ticks
     async def tick(self, full: bool | None = None) -> None:
-        """One pass: node events, checks of the jobs they touch (of every job at a full
-        check, every ``settings.full_check_period`` unless ``full`` says), follow-ups."""
+        """One pass of the loop, in steps; a full pass every
+        ``settings.full_check_period`` (unless ``full`` says) checks every job.
+
+        1. **Refresh the world**: Ray's node events, and its whole node table when a node
+           joined or at a full pass.
+        2. **Judge**: the jobs the events touched (every job at a full pass), against
+           Ray's group table; each verdict is a ``CHECK`` step of the job's steward.
+        3. **Orphans**: at a full pass, groups no record names are removed, in a task.
+        4. **Drains**: Ray's draining nodes, read.
+        5. **Answer**: what each reservation's state asks for, posted to its steward in
+           a task (repair, move off draining nodes, finish a release, remove groups
+           left on drained nodes, clear an apply's intent).
+        6. **Demand**: what nobody asks of the autoscaler any more, withdrawn.
+        7. **Housekeep**: an idle worker kept on each reserved node; the pass's figures.
+        """
         started, cpu = time.perf_counter(), time.process_time()
+        full, joined = await self._refresh(full)  # 1
+        jobs, table = await self._judge(full)  # 2
+        if full and self._tasks.get("sweep", "orphans") is None:  # 3
+            orphans = self._orphans(await self._io.groups() if not jobs else table)
+            if orphans:
+                self._tasks.start("sweep", "orphans", self._sweep(orphans))
+        try:  # 4
+            self._nodes.set_draining(await self._io.draining_nodes())
+        except Exception as e:  # the last answer stands; the next tick asks again
+            log.info("reading Ray's draining nodes: %s", e)
+        self._follow_up(joined)  # 5
+        await self._prune_demand()  # 6
+        self._warm_nodes()  # 7
+        self.tick_stats = {
+            "wall_s": time.perf_counter() - started,
+            "cpu_s": time.process_time() - cpu,
+            "jobs_checked": len(jobs),
+            "full": float(full),
+        }
+
+    async def _refresh(self, full: bool | None) -> tuple[bool, bool]:
+        """Step 1: whether this pass is full, and whether a node joined."""
         now = time.monotonic()
         await self._checker.drain_events()
         joined = self._checker.take_joined()
@@ -132,10 +167,13 @@ class Reconciler:
             joined = self._nodes.set_all(await self._io.nodes()) or joined
         if full:
             self._last_full = now
-            jobs = set(self._state.records)
-            self._checker.take_rechecks()
-        else:
-            jobs = self._checker.take_rechecks()
+        return full, joined
+
+    async def _judge(self, full: bool) -> tuple[set[str], dict[str, GroupInfo]]:
+        """Step 2: the settled jobs checked, and Ray's table of their groups (of every
+        group at a full pass)."""
+        asked = self._checker.take_rechecks()
+        jobs = set(self._state.records) if full else asked
         jobs = {j for j in jobs if (r := self._state.get(j)) is not None and r.settled}
         table: dict[str, GroupInfo] = {}
         if jobs:
@@ -143,23 +181,7 @@ class Reconciler:
             table = await self._io.groups(None if full else ids)
             for job in sorted(jobs):
                 await self._checker.check(job, table)
-        if full and self._tasks.get("sweep", "orphans") is None:
-            orphans = self._orphans(await self._io.groups() if not jobs else table)
-            if orphans:
-                self._tasks.start("sweep", "orphans", self._sweep(orphans))
-        try:
-            self._nodes.set_draining(await self._io.draining_nodes())
-        except Exception as e:  # the last answer stands; the next tick asks again
-            log.info("reading Ray's draining nodes: %s", e)
-        self._follow_up(joined)
-        await self._prune_demand()
-        self._warm_nodes()
-        self.tick_stats = {
-            "wall_s": time.perf_counter() - started,
-            "cpu_s": time.process_time() - cpu,
-            "jobs_checked": len(jobs),
-            "full": float(full),
-        }
+        return jobs, table
 
     def _follow_up(self, joined: bool) -> None:
         if joined:
