@@ -113,28 +113,21 @@ class Checker:
 
     async def check(self, job: str, table: dict[str, GroupInfo]) -> None:
         """Record a settled reservation ready or degraded by what Ray reports (``table``:
-        Ray's entries of its groups). The verdict is a change of the job's record, so
-        it is a step of the job's steward, posted only when the steward is idle: a job
-        a step is changing is checked again at the next tick instead."""
+        Ray's entries of its groups). A new verdict is a change of the job's record, so
+        it is a step of the job's steward, posted only when the steward is idle (a job
+        a step is changing is checked again at the next tick instead) and only when the
+        verdict differs from the record: a check that changes nothing is a read."""
         if self._stewards.busy(job):
             self.recheck(job)
             return
+        if self._verdict(job, table) is None:
+            return
 
         async def step() -> None:
-            res = self._state.get(job)
-            if res is None or not res.settled:
+            verdict = self._verdict(job, table)  # again: on the record current now
+            if verdict is None:
                 return
-            found = list(groups.broken_slots(res, table, self._nodes).values())
-            state, reason = (DEGRADED, "; ".join(b.why for b in found)) if found else (READY, "")
-            cause = found[0].cause if found else ""
-            if state == res.state == DEGRADED:
-                return  # while degraded, the repair owns the reason
-            if state == READY and res.preempt_at:
-                reason = res.reason  # the deadline's explanation stays until release
-            if state == DEGRADED and res.repair == MANUAL:
-                reason += f"; repair policy is manual: run `placectl repair {job}`"
-            if (state, reason, cause) == (res.state, res.reason, res.cause):
-                return
+            res, state, reason, cause = verdict
             try:
                 await self._records.judged(res, state, reason, cause)
             except Exception as e:
@@ -144,3 +137,24 @@ class Checker:
             log.warning("reservation %r is now %s %s", job, state, reason)
 
         await self._stewards.run(job, Trigger.CHECK, step)
+
+    def _verdict(
+        self, job: str, table: dict[str, GroupInfo]
+    ) -> tuple[ReservationRecord, str, str, str] | None:
+        """The record of ``job`` and its new state, reason and cause by ``table``; None
+        when there is nothing to change."""
+        res = self._state.get(job)
+        if res is None or not res.settled:
+            return None
+        found = list(groups.broken_slots(res, table, self._nodes).values())
+        state, reason = (DEGRADED, "; ".join(b.why for b in found)) if found else (READY, "")
+        cause = found[0].cause if found else ""
+        if state == res.state == DEGRADED:
+            return None  # while degraded, the repair owns the reason
+        if state == READY and res.preempt_at:
+            reason = res.reason  # the deadline's explanation stays until release
+        if state == DEGRADED and res.repair == MANUAL:
+            reason += f"; repair policy is manual: run `placectl repair {job}`"
+        if (state, reason, cause) == (res.state, res.reason, res.cause):
+            return None
+        return res, state, reason, cause

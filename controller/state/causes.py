@@ -10,14 +10,32 @@ before the cause was kept (:func:`legacy_cause`).
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
 
-NODE_LOST = "node-lost"  # the slot's node is dead (Ray's verdict, or placectl's fence)
-GROUP_REMOVED = "group-removed"  # its placement group was removed behind placectl's back
-GROUP_UNPLACED = "group-unplaced"  # Ray reports its group neither CREATED nor REMOVED
-DRAIN = "drain"  # its node is being drained: moved make before break
-OTHER = "other"  # anything else (records from before causes were kept included)
-CAUSES = (NODE_LOST, GROUP_REMOVED, GROUP_UNPLACED, DRAIN, OTHER)
+
+class Cause(enum.StrEnum):
+    """Why a slot is broken. A member is its string (records, events and the metrics'
+    label carry the string), so a record read back compares equal to its cause."""
+
+    NODE_LOST = "node-lost"  # the slot's node is dead (Ray's verdict, or placectl's fence)
+    GROUP_REMOVED = "group-removed"  # its placement group was removed behind placectl's back
+    GROUP_UNPLACED = "group-unplaced"  # Ray reports its group neither CREATED nor REMOVED
+    DRAIN = "drain"  # its node is being drained: moved make before break
+    OTHER = "other"  # anything else (records from before causes were kept included)
+
+    @classmethod
+    def of(cls, value: str) -> Cause:
+        """The cause a record carries; one this version does not know is ``OTHER``."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.OTHER
+
+
+NODE_LOST, GROUP_REMOVED, GROUP_UNPLACED, DRAIN, OTHER = Cause
+CAUSES = tuple(Cause)
 
 OWN_NODE = "own node"  # the slot is made again where it was
 SPARE = "spare"  # on a spare node of the same kind; without one, the autoscaler is asked
@@ -32,7 +50,7 @@ class Response(msgspec.Struct, frozen=True):
 
 # The one table of what each cause gets. A slot whose cause says OWN_NODE goes to a spare
 # anyway when its node no longer takes slots (it died or started draining meanwhile).
-RESPONSES: dict[str, Response] = {
+RESPONSES: dict[Cause, Response] = {
     NODE_LOST: Response(SPARE, "its node is gone"),
     GROUP_REMOVED: Response(OWN_NODE, "its node still holds the room the group had"),
     GROUP_UNPLACED: Response(OWN_NODE, "its node is alive; the group is made again there"),
@@ -42,13 +60,13 @@ RESPONSES: dict[str, Response] = {
 
 
 class Broken(msgspec.Struct, frozen=True):
-    """One broken slot: its cause (one of :data:`CAUSES`) and a line for people."""
+    """One broken slot: its cause and a line for people."""
 
-    cause: str
+    cause: Cause
     why: str
 
 
-def legacy_cause(reason: str) -> str:
+def legacy_cause(reason: str) -> Cause:
     """The cause of a degraded record written before causes were kept, from its reason
     (the wording :func:`~controller.runtime.groups.broken_slots` used then)."""
     if " is dead" in reason or " dead;" in reason:
@@ -71,5 +89,6 @@ __all__ = [
     "RESPONSES",
     "SPARE",
     "Broken",
+    "Cause",
     "Response",
 ]

@@ -20,6 +20,7 @@ from controller.state.causes import (  # noqa: F401  (re-exported: the events' c
     GROUP_UNPLACED,
     NODE_LOST,
     OTHER,
+    Cause,
     legacy_cause,
 )
 from controller.state.records import DEGRADED, PENDING, QUEUED, READY, RELEASING, ReservationRecord
@@ -96,10 +97,10 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float = 0.0
 
 
-def cause_of(record: ReservationRecord) -> str:
-    """Why ``record`` is degraded (one of :data:`CAUSES`): the cause it carries, or, for
-    a record written before causes were kept, the one its reason names."""
-    return record.cause or legacy_cause(record.reason)
+def cause_of(record: ReservationRecord) -> Cause:
+    """Why ``record`` is degraded: the cause it carries, or, for a record written before
+    causes were kept, the one its reason names."""
+    return Cause.of(record.cause) if record.cause else legacy_cause(record.reason)
 
 
 def _where(record: ReservationRecord) -> str:
@@ -245,6 +246,7 @@ def cut_off(what: str, now: float | None = None) -> Event:
 __all__ = [
     "CAUSES",
     "KINDS",
+    "Cause",
     "Event",
     "cause_of",
     "cut_off",
