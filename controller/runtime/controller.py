@@ -250,4 +250,5 @@ class PlacementController:
         with contextlib.suppress(Exception):  # the last events, if the GCS takes them
             last = min(2.0, self.settings.removal_timeout)
             await asyncio.wait_for(self._state.write_history(), last)
+        self._ops.ctx.stewards.stop()
         self._tasks.stop()

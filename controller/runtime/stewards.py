@@ -3,9 +3,11 @@
 Every change of a job's record is a *step*: a function posted to the job's steward with
 the :class:`Trigger` that asked for it (a reserve, a release, an apply, a repair, a move, a
 port lease, a preemption's deadline, a check's verdict, clearing an apply cut short). The
-steward runs its job's steps one at a time, in the order they were posted, each in a
-task of its own; the steps of different jobs run at once. Who posts a step waits for
-its result, or its error, as from a call.
+steward runs its job's steps one at a time, in the order they were posted; the steps of
+different jobs run at once. Who posts a step waits for its result, or its error, as from
+a call. A step posted to an idle steward runs at once in its poster's task (no hop
+through another task: the poster goes on the moment its step ends); a step posted while
+another runs waits in the mailbox, and the steward runs it in a task of its own.
 
 Guarantees:
 
@@ -16,7 +18,8 @@ Guarantees:
 * A step runs with its poster's context (whose token acted goes with it into the events).
 * ``busy(job)``: a step of the job runs or waits. A check posts no step then: whoever runs
   is changing the record anyway, and the job is checked again at the next tick.
-* A steward with nothing to do ends; ``stop()`` (the controller's) cancels every step.
+* A steward with nothing to do ends; :meth:`Stewards.stop` (the controller's) cancels
+  every step, running or waiting, and refuses new ones.
 * Reads post no step: records are frozen and replaced whole.
 
 Beneath the stewards, the state owner refuses a commit built from a record that is no
@@ -100,6 +103,30 @@ class Steward:
         now = [self.running] if self.running is not None else []
         return [s.trigger.value for s in [*now, *self._mailbox] if not s.done.done()]
 
+    async def run_here(self, step: _Step, then: Callable[[Steward], None]) -> Any:
+        """Run ``step`` in the current task (the steward was idle); then serve what was
+        posted meanwhile (``then``), or end."""
+        self.running = step
+        try:
+            return await step.run()
+        finally:
+            self.running = None
+            if not step.done.done():
+                step.done.set_result(None)
+            if self._mailbox:
+                then(self)
+            else:
+                self._gone(self)
+
+    def stop(self) -> None:
+        """Cancel the step that runs and every one that waits."""
+        for step in [self.running, *self._mailbox]:
+            if step is not None:
+                step.cancel()
+                if not step.done.done():
+                    step.done.cancel()
+        self._mailbox.clear()
+
     async def serve(self) -> None:
         """Run the steps, one at a time, until none is left; then end."""
         try:
@@ -157,23 +184,32 @@ class Stewards:
     def __init__(self, tasks: Tasks) -> None:
         self._tasks = tasks
         self._by_job: dict[str, Steward] = {}
+        self._stopped = False
         self.spares = asyncio.Lock()
 
     async def run(self, job: str, trigger: Trigger, step: Callable[[], Awaitable[T]]) -> T:
         """Post ``step`` to ``job``'s steward and wait for its result (or its error)."""
-        posted = _Step(
-            trigger, step, contextvars.copy_context(), asyncio.get_running_loop().create_future()
-        )
+        if self._stopped:
+            raise asyncio.CancelledError(f"the controller stopped: no {trigger.value} of {job!r}")
+        loop = asyncio.get_running_loop()
+        posted = _Step(trigger, step, contextvars.copy_context(), loop.create_future())
         steward = self._by_job.get(job)
-        if steward is None:
+        if steward is None:  # idle: the step runs here and now
             steward = self._by_job[job] = Steward(job, self._forget)
-            self._tasks.start("steward", job, steward.serve())
+            posted.task = asyncio.current_task()
+            return await steward.run_here(posted, self._serve)
         steward.post(posted)
         try:
             return await asyncio.shield(posted.done)
         except asyncio.CancelledError:
             posted.cancel()  # this poster went; a step cancelled in place is already done
             raise
+
+    def stop(self) -> None:
+        """The controller stops: every step is cancelled, and none is taken any more."""
+        self._stopped = True
+        for steward in list(self._by_job.values()):
+            steward.stop()
 
     async def settled(self, job: str, trigger: Trigger) -> None:
         """Wait until every step of ``job`` posted before this one has ended."""
@@ -191,6 +227,13 @@ class Stewards:
     def doing(self) -> dict[str, list[str]]:
         """Job -> what its steward runs, then what waits (busy stewards only)."""
         return {job: s.doing() for job, s in self._by_job.items() if s.busy()}
+
+    def _serve(self, steward: Steward) -> None:
+        if self._stopped:
+            steward.stop()
+            self._forget(steward)
+        else:
+            self._tasks.start("steward", steward.job, steward.serve())
 
     def _forget(self, steward: Steward) -> None:
         if self._by_job.get(steward.job) is steward:

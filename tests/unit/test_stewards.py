@@ -84,6 +84,29 @@ def test_a_cancelled_poster_cancels_its_step_and_the_next_waits_for_its_rollback
     run(go())
 
 
+def test_an_idle_steward_runs_the_step_in_its_posters_task_a_busy_one_in_its_own():
+    async def go():
+        stewards, gate = Stewards(Tasks()), asyncio.Event()
+
+        async def where() -> asyncio.Task | None:
+            await gate.wait()
+            return asyncio.current_task()
+
+        async def post() -> tuple[asyncio.Task | None, asyncio.Task | None]:
+            return asyncio.current_task(), await stewards.run("j", Trigger.LEASE, where)
+
+        first, second = asyncio.ensure_future(post()), asyncio.ensure_future(post())
+        await until(lambda: stewards.doing() == {"j": ["lease", "lease"]})
+        gate.set()
+        (poster1, ran1), (poster2, ran2) = await first, await second
+        assert ran1 is poster1 and ran2 is not poster2  # the second waited in the mailbox
+        stewards.stop()
+        with pytest.raises(asyncio.CancelledError):
+            await stewards.run("j", Trigger.LEASE, where)  # a stopped controller takes none
+
+    run(go())
+
+
 def test_a_failing_step_fails_its_poster_only():
     async def go():
         stewards = Stewards(Tasks())
@@ -134,7 +157,8 @@ def test_a_check_skips_a_busy_job_and_stop_leaves_no_poster_waiting():
         await started.wait()
         assert stewards.busy("j") and not stewards.busy("k")
         assert stewards.doing() == {"j": ["repair", "check"]}
-        tasks.stop()  # the controller stops
+        stewards.stop()  # the controller stops
+        tasks.stop()
         for poster in (running, waiting):
             with pytest.raises(asyncio.CancelledError):
                 await asyncio.wait_for(poster, 5)
