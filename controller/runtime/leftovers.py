@@ -38,6 +38,9 @@ log = logging.getLogger("placectl.controller")
 TAG = "PLACECTL_WORKER"
 # How long a stopped worker's Ray processes get to go before the sweep returns anyway.
 RAY_GRACE_S = 5.0
+# In the command line of every Ray worker process before it takes its ``ray::`` title
+# (default_worker.py; setup_worker.py while a runtime environment is made).
+RAY_WORKER_ENTRY = "/ray/_private/workers/"
 
 
 class Ended(msgspec.Struct, frozen=True):
@@ -97,8 +100,10 @@ def alive(pid: int) -> bool:
 
 
 def is_ray_worker(command: str) -> bool:
-    """A Ray worker process (its title is ``ray::...``): Ray ends those itself."""
-    return command.startswith("ray::")
+    """A Ray worker process: titled ``ray::...`` once it runs a task or an actor, and
+    before that (starting, or idle in Ray's pool) Ray's worker entry point. Ray ends
+    those itself; killing one that is still starting fails what Ray starts it for."""
+    return command.startswith("ray::") or RAY_WORKER_ENTRY in command
 
 
 def end_tagged(
