@@ -37,9 +37,8 @@ import asyncio
 import collections
 import contextvars
 import enum
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from controller.runtime.tasks import Tasks
@@ -72,7 +71,6 @@ class _Step:
     run: Callable[[], Awaitable[Any]]
     context: contextvars.Context
     done: asyncio.Future
-    posted: float = field(default_factory=time.monotonic)
     task: asyncio.Task | None = None
 
     def cancel(self) -> None:
@@ -145,13 +143,8 @@ class Steward:
                 self.running = None
                 _settle(step)
         finally:  # stopped (or ended): nobody is left waiting on a step that will not run
-            for step in [self.running, *self._mailbox]:
-                if step is not None:
-                    step.cancel()
-                    if not step.done.done():
-                        step.done.cancel()
+            self.stop()
             self.running = None
-            self._mailbox.clear()
             self._gone(self)
 
 
