@@ -63,6 +63,7 @@ Usage: scripts/job/train.py [--steps 40] [--seed 0] [--faults SPEC] [--compare]
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.util
 import json
 import os
@@ -71,7 +72,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(1, str(pathlib.Path(__file__).resolve().parents[2]))
@@ -134,6 +137,36 @@ def parse_faults(text: str, steps: int) -> list[tuple[str, int]]:
     return out
 
 
+def forward(stream) -> Callable[[], list[str]]:
+    """Copy a driver's stderr to ours as it comes, keeping its last lines; returns what
+    reads them once the stream has ended."""
+    kept: collections.deque[str] = collections.deque(maxlen=400)
+
+    def pump() -> None:
+        for line in stream:
+            kept.append(line)
+            print(line, end="", file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+
+    def said() -> list[str]:
+        thread.join(timeout=10)
+        return list(kept)
+
+    return said
+
+
+def last_traceback(lines: list[str]) -> str:
+    """The driver's last Python traceback, for the failure message: the lines after it on
+    stderr (a cluster's teardown) bury it otherwise."""
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+    if not starts:
+        return ""
+    block = [ln for ln in lines[starts[-1] :] if "[state-dump]" not in ln and "(raylet)" not in ln]
+    return ":\n" + "".join(block[:60]).rstrip()
+
+
 def run(cluster: Cluster, name: str, config: TrainConfig, faults, baseline: bool, out) -> dict:
     """One training run, its driver restarted as the schedule says; its record."""
     from grpo.protocol import Options
@@ -157,7 +190,10 @@ def run(cluster: Cluster, name: str, config: TrainConfig, faults, baseline: bool
             baseline=baseline,
         )
         cmd = [sys.executable, __file__, "--as-driver", msgspec.json.encode(opts).decode()]
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        said = forward(proc.stderr)
         killed = False
         for line in proc.stdout:
             kind, _, body = line.partition(" ")
@@ -209,7 +245,9 @@ def run(cluster: Cluster, name: str, config: TrainConfig, faults, baseline: bool
             resume = True
             continue
         if rc != 0:
-            raise SystemExit(f"train.py: the driver of {name!r} failed (exit {rc})")
+            raise SystemExit(
+                f"train.py: the driver of {name!r} failed (exit {rc})" + last_traceback(said())
+            )
         break
     cluster.ctl.release(job)
     return record

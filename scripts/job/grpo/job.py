@@ -55,6 +55,15 @@ class StepTimeout(Exception):
     """A step's calls did not all finish within the job's deadline."""
 
 
+def cause_of(error: BaseException) -> str:
+    """An error in one line: its type and the line that says what went wrong (a remote
+    call's error says it last, after the call and its traceback)."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    if isinstance(error, ray.exceptions.RayTaskError) and lines:
+        return f"{type(error).__name__}: {lines[-1][:200]}"
+    return f"{type(error).__name__}: {(lines or [''])[0][:160]}"
+
+
 def gather(refs: list, timeout: float | None = None) -> list:
     """Every result, in order, once all are done. The first error as soon as one call
     fails (a survivor blocked on a dead peer is not waited for), and
@@ -183,7 +192,7 @@ class Job:
                 except (ray.exceptions.RayError, StepTimeout) as e:
                     if attempt >= MAX_ATTEMPTS:
                         raise
-                    self._recover(step, e)
+                    self._recover_or_say(step, e)
 
     def _before(self, step: int) -> None:
         self._follow_moves(step)
@@ -325,9 +334,25 @@ class Job:
         self._launch()
         self._rejoin()
 
+    def _recover_or_say(self, step: int, error: Exception) -> None:
+        """Recover; a recovery that fails itself (a worker lost again meanwhile, a group
+        that could not form) is said, and left to the step's next attempt, which fails
+        at once and recovers again: what a job does on a cluster that keeps failing."""
+        started = time.time()
+        try:
+            self._recover(step, error)
+        except (ray.exceptions.RayError, StepTimeout, clients.PlacementError) as e:
+            send(
+                "event",
+                kind="recovery failed",
+                step=step,
+                cause=cause_of(e),
+                seconds=time.time() - started,
+            )
+
     def _recover(self, step: int, error: Exception) -> None:
         started = time.time()
-        cause = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+        cause = cause_of(error)
         if self.opts.baseline:
             self._start_over(self._current_spec())
             send("event", kind="restarted", step=step, cause=cause, seconds=time.time() - started)

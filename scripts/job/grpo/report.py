@@ -33,6 +33,8 @@ def event_line(e: dict) -> str:
             f"      -> repaired{secs} ({parts}): relaunched {ranks}{more}; epoch {e['epoch']}\n"
             f"         after {e['cause']}"
         )
+    if kind == "recovery failed":
+        return f"      -> the recovery failed{secs}, the step is tried again: {e['cause']}"
     if kind == "restarted":
         return f"      -> started over{secs}: released, reserved, relaunched every worker"
     if kind == "attached":
