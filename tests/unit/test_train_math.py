@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts" / "job"))
 
 from grpo import report, task  # noqa: E402
+from grpo.calls import cause_of, split  # noqa: E402
 from grpo.config import TrainConfig  # noqa: E402
-from grpo.job import split  # noqa: E402
 from grpo.reward import reward  # noqa: E402
 
 CONFIG = TrainConfig(seed=3, prompts=8, samples=4)
@@ -73,3 +73,17 @@ def test_compare_catches_a_different_reward_or_loss():
     assert not report.compare(a, [dict(a[0], loss=-0.1 + 2e-6)])[0]
     assert not report.compare(a, [dict(a[0], reward=0.5001)])[0]
     assert not report.compare(a, a + a)[0]
+
+
+def test_a_remote_error_is_said_by_its_own_last_line():
+    import ray
+
+    try:
+        raise RuntimeError("The server socket has failed to listen: EADDRINUSE")
+    except RuntimeError as e:
+        remote = ray.exceptions.RayTaskError("Trainer.join", "Traceback ...\n  File x", e)
+    said = cause_of(remote)
+    assert said.endswith("RuntimeError: The server socket has failed to listen: EADDRINUSE"), said
+    assert cause_of(ValueError("first line\nsecond")) == "ValueError: first line"
+    line = report.event_line({"kind": "recovery failed", "cause": said, "seconds": 1.5})
+    assert "the recovery failed in 1.50s, the step is tried again" in line and said in line

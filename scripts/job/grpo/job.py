@@ -28,6 +28,7 @@ import ray
 import clients
 from controller.planning.spec_edit import with_component
 from grpo import roles
+from grpo.calls import StepTimeout, cause_of, gather, split
 from grpo.checkpoints import Checkpoints
 from grpo.protocol import MACHINE_FAULTS, Options, fault, send
 
@@ -49,46 +50,6 @@ COLLECTIVE_GRACE_S = 3.0
 # A drain's moved ranks are swapped in once their replacements are up, or when the
 # node's deadline is this close, whichever comes first.
 DRAIN_MARGIN_S = 10.0
-
-
-class StepTimeout(Exception):
-    """A step's calls did not all finish within the job's deadline."""
-
-
-def cause_of(error: BaseException) -> str:
-    """An error in one line: its type and the line that says what went wrong (a remote
-    call's error says it last, after the call and its traceback)."""
-    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
-    if isinstance(error, ray.exceptions.RayTaskError) and lines:
-        return f"{type(error).__name__}: {lines[-1][:200]}"
-    return f"{type(error).__name__}: {(lines or [''])[0][:160]}"
-
-
-def gather(refs: list, timeout: float | None = None) -> list:
-    """Every result, in order, once all are done. The first error as soon as one call
-    fails (a survivor blocked on a dead peer is not waited for), and
-    :class:`StepTimeout` if they are not all done within ``timeout``."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    pending = list(refs)
-    while pending:
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            raise StepTimeout(f"{len(pending)} of {len(refs)} calls unfinished after {timeout:g}s")
-        done, pending = ray.wait(pending, num_returns=1, timeout=left)
-        for ref in done:
-            ray.get(ref)  # raises the call's error now
-    return ray.get(refs)
-
-
-def split(items: list, parts: int) -> list[list]:
-    """``items`` in ``parts`` contiguous shards, as even as can be."""
-    size, extra = divmod(len(items), parts)
-    out, at = [], 0
-    for p in range(parts):
-        n = size + (p < extra)
-        out.append(items[at : at + n])
-        at += n
-    return out
 
 
 class Job:

@@ -1,0 +1,52 @@
+"""The driver's remote calls: waiting on a step's calls, with a deadline and the first
+error at once, and saying an error in one line."""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+
+class StepTimeout(Exception):
+    """A step's calls did not all finish within the job's deadline."""
+
+
+def cause_of(error: BaseException) -> str:
+    """An error in one line: its type and the first line of what went wrong; for a remote
+    call's error, the worker's own error (Ray's text starts with the call and its
+    traceback)."""
+    inner = (
+        getattr(error, "cause", None) if isinstance(error, ray.exceptions.RayTaskError) else None
+    )
+    if isinstance(inner, BaseException):
+        return f"{type(error).__name__}: {cause_of(inner)}"
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    return f"{type(error).__name__}: {(lines or [''])[0][:160]}"
+
+
+def gather(refs: list, timeout: float | None = None) -> list:
+    """Every result, in order, once all are done. The first error as soon as one call
+    fails (a survivor blocked on a dead peer is not waited for), and
+    :class:`StepTimeout` if they are not all done within ``timeout``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pending = list(refs)
+    while pending:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise StepTimeout(f"{len(pending)} of {len(refs)} calls unfinished after {timeout:g}s")
+        done, pending = ray.wait(pending, num_returns=1, timeout=left)
+        for ref in done:
+            ray.get(ref)  # raises the call's error now
+    return ray.get(refs)
+
+
+def split(items: list, parts: int) -> list[list]:
+    """``items`` in ``parts`` contiguous shards, as even as can be."""
+    size, extra = divmod(len(items), parts)
+    out, at = [], 0
+    for p in range(parts):
+        n = size + (p < extra)
+        out.append(items[at : at + n])
+        at += n
+    return out
