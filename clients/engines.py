@@ -12,16 +12,22 @@ there) and sets ``VLLM_PORT`` to the first. Nothing is asked of the user.
 Cores. vLLM's CPU build binds each of an engine's workers to a list of cores
 (``VLLM_CPU_OMP_THREADS_BIND``, ``"0-3|4-7"``: one list per worker); left to itself it
 binds one NUMA node per worker and refuses tensor parallelism 2 on a one-NUMA machine.
-Which cores a node has is known only on the node, so the rank asks for its share when it
-starts, before it creates the engine::
+Ray reserves CPU amounts, never particular cores, so the same ``WorkerGroup`` also leases
+each rank a run of its node's CPU units, as many as its bundles hold, disjoint from every
+other rank's on that node, of any component or reservation
+(:mod:`controller.state.cores`), and hands it over in ``PLACECTL_CPU_UNITS`` (``a-b``) and
+``PLACECTL_NODE_CPUS``. Which cores those are is known only on the node, so the rank
+asks when it starts, before it creates the engine::
 
     os.environ.update(clients.engines.vllm_environment())
     llm = vllm.LLM(model, tensor_parallel_size=...)
 
-The share: the node's cores (those the rank may run on), split in equal runs between the
-component's processes on that node (``NODE_LOCAL_RANK`` of ``NODE_LOCAL_WORLD_SIZE``),
-then the rank's run split between its engine's workers. Two engines of one component on a
-node never bind the same core. The GPU build ignores the variable.
+Its units map to the cores the process may run on (unit ``u`` is core ``u`` where Ray's
+``CPU`` is the node's core count, as on a real node), split between its engine's
+workers. A rank started without a lease (not by ``WorkerGroup``) splits its node's cores
+between the component's processes there (``NODE_LOCAL_RANK`` of
+``NODE_LOCAL_WORLD_SIZE``): disjoint within the component only. The GPU build ignores the
+variable.
 """
 
 from __future__ import annotations
@@ -33,12 +39,15 @@ from typing import Any
 from controller import PlacementError
 from controller.planning.ranks import format_ranks
 from controller.state.assignments import Assignment
+from controller.state.cores import cores_of
 from controller.state.environment import VLLM
 
 ENGINE_PORTS = 16  # vLLM takes 1-3 for one engine (its distributed init, data parallel)
 LEASE = "engine"
 PORT_VARIABLE = "VLLM_PORT"
 BIND_VARIABLE = "VLLM_CPU_OMP_THREADS_BIND"
+UNITS_VARIABLE, NODE_CPUS_VARIABLE = "PLACECTL_CPU_UNITS", "PLACECTL_NODE_CPUS"
+CORES_LEASE = "cores"
 
 
 def share_of_cores(cores: Sequence[int], index: int, count: int, workers: int) -> list[list[int]]:
@@ -101,36 +110,49 @@ def vllm_environment(tensor_parallel_size: int | None = None) -> dict[str, str]:
             f"not a placectl worker: {', '.join(missing)} not set in the environment"
         )
     workers = engine_workers(dict(env)) if tensor_parallel_size is None else tensor_parallel_size
-    lists = share_of_cores(
-        sorted(os.sched_getaffinity(0)),
-        int(env["NODE_LOCAL_RANK"]),
-        int(env["NODE_LOCAL_WORLD_SIZE"]),
-        workers,
-    )
+    mine = sorted(os.sched_getaffinity(0))
+    if UNITS_VARIABLE in env and NODE_CPUS_VARIABLE in env:
+        first, _, last = env[UNITS_VARIABLE].partition("-")
+        start, end = int(first), int(last or first)
+        mine = cores_of(start, end - start + 1, int(env[NODE_CPUS_VARIABLE]), mine)
+        lists = share_of_cores(mine, 0, 1, workers)
+    else:
+        lists = share_of_cores(
+            mine, int(env["NODE_LOCAL_RANK"]), int(env["NODE_LOCAL_WORLD_SIZE"]), workers
+        )
     return {BIND_VARIABLE: bind_string(lists)}
 
 
-def port_environment(
+def engine_environment(
     reservation: Any, component: str, env: dict[str, str] | None
 ) -> Callable[[Assignment], dict[str, str]] | None:
     """For a :class:`clients.WorkerGroup` of ``component``: what each rank's start adds to
-    its environment (``VLLM_PORT`` from a lease on its node), or None when the component
-    runs no vLLM engine.
+    its environment (``VLLM_PORT`` from a port lease on its node, and its core lease),
+    or None when the component runs no vLLM engine. Both leases are named after the
+    node, so a rank moved elsewhere leases there.
 
     Raises:
-        PlacementError: the user's ``env`` sets ``VLLM_PORT`` for an engine component.
+        PlacementError: the user's ``env`` sets ``VLLM_PORT`` or a core variable for an
+            engine component.
     """
     if reservation.spec.component(component).engine != VLLM:
         return None
-    if env and PORT_VARIABLE in env:
-        raise PlacementError(
-            f"env sets {PORT_VARIABLE}={env[PORT_VARIABLE]!r} for {component!r}, an engine: "
-            "placectl leases each rank's engine ports on its node and sets it; remove it"
-        )
+    for key in (PORT_VARIABLE, UNITS_VARIABLE, NODE_CPUS_VARIABLE):
+        if env and key in env:
+            raise PlacementError(
+                f"env sets {key}={env[key]!r} for {component!r}, an engine: placectl leases "
+                "each rank's engine ports and cores on its node and sets it; remove it"
+            )
 
-    def ports(a: Assignment) -> dict[str, str]:
-        name = f"{LEASE}@{a.placement.node_id}"
-        leased = reservation.lease_ports(component, a.placement.rank, ENGINE_PORTS, True, name)
-        return {PORT_VARIABLE: str(leased[0])}
+    def leased(a: Assignment) -> dict[str, str]:
+        rank, node = a.placement.rank, a.placement.node_id
+        ports = reservation.lease_ports(component, rank, ENGINE_PORTS, True, f"{LEASE}@{node}")
+        cores = reservation.lease_cores(component, rank, f"{CORES_LEASE}@{node}")
+        last = cores["first"] + cores["count"] - 1
+        return {
+            PORT_VARIABLE: str(ports[0]),
+            UNITS_VARIABLE: f"{cores['first']}-{last}",
+            NODE_CPUS_VARIABLE: str(cores["node_cpus"]),
+        }
 
-    return ports
+    return leased

@@ -18,9 +18,10 @@ from controller.errors import (
     StaleReservation,
 )
 from controller.state.assignments import Assignment
+from controller.state.lease_requests import LeaseCores, LeasePorts, ReleasePorts
 from controller.state.published import ComponentBlock
 from controller.state.records import DEGRADED, READY, ReservationRecord, with_dead_nodes
-from controller.state.requests import ComponentOf, LeasePorts, ReleasePorts
+from controller.state.requests import ComponentOf
 from controller.state.status import ReservationInfo, summarize
 
 if TYPE_CHECKING:
@@ -207,6 +208,18 @@ class Reservation:
             token=self.controller.token,
         )
         return self.controller.call("lease_ports", call)
+
+    def lease_cores(self, component: str, rank: int, name: str) -> dict[str, int | str]:
+        """Lease, on the node of ``component``'s ``rank``, a run of the node's CPU units as
+        many as the rank's bundles hold, leased to no other rank on that node (of any
+        reservation); idempotent by ``name``. Returns ``first``, ``count``, ``node_cpus``
+        and ``node_id``; :func:`controller.state.cores.cores_of` maps them to cores. Leases
+        end with the reservation, or with the slot when the reservation leaves the node.
+        """
+        call = LeaseCores(
+            job=self.job, component=component, rank=rank, name=name, token=self.controller.token
+        )
+        return self.controller.call("lease_cores", call)
 
     def release_ports(self, ports: list[int]) -> int:
         """End the leases holding any of ``ports``; master ports stay."""

@@ -26,7 +26,7 @@ class Launch:
     """What a group's workers are started with: the actor class, its constructor's
     arguments, the user's environment and options, per-rank keyword arguments, and what
     each start adds to a rank's environment (an engine's leased ports,
-    :func:`clients.engines.port_environment`)."""
+    :func:`clients.engines.engine_environment`)."""
 
     def __init__(
         self, actor_cls, args, kwargs, env, actor_options, rank_kwargs, per_rank_env=None

@@ -12,7 +12,7 @@ import msgspec
 import ray
 
 from clients import verdict
-from clients.engines import port_environment
+from clients.engines import engine_environment
 from clients.launching import (
     RankKwargs,
     actor_class,
@@ -85,9 +85,9 @@ class WorkerGroup:
         reservation.wait_ready(timeout, progress=progress)
         assignments = reservation.assignments(component)
         rank_kwargs_for(rank_kwargs, len(assignments))  # checked before anything starts
-        ports = port_environment(reservation, component, env)
+        leased = engine_environment(reservation, component, env)
         launch = Launch(
-            actor_class(worker_cls), args, kwargs, env, actor_options, rank_kwargs, ports
+            actor_class(worker_cls), args, kwargs, env, actor_options, rank_kwargs, leased
         )
         roster = Roster(reservation.job, component, [], [], detached, launch)
         roster.relaunch(list(range(len(assignments))), assignments)
@@ -136,9 +136,9 @@ class WorkerGroup:
             names.append(found[1] if found else None)
         launch = None
         if worker_cls is not None:
-            ports = port_environment(reservation, component, env)
+            leased = engine_environment(reservation, component, env)
             launch = Launch(
-                actor_class(worker_cls), args, kwargs, env, actor_options, rank_kwargs, ports
+                actor_class(worker_cls), args, kwargs, env, actor_options, rank_kwargs, leased
             )
         roster = Roster(reservation.job, component, actors, assignments, True, launch, names)
         return cls(reservation, component, roster)

@@ -304,17 +304,22 @@ class Applier:
                 continue
             leases.append(x)
         has_master = {x.component for x in leases if x.purpose == MASTER}
+        sizes = plan.world_sizes()
+        cores = [
+            x for x in res.cores if x.node_id in nodes_now and x.rank < sizes.get(x.component, 0)
+        ]
         new = msgspec.structs.replace(
             res,
             spec=spec,
             nodes=change.nodes,
             floating=floating,
             slots=slots,
-            world_sizes=plan.world_sizes(),
+            world_sizes=sizes,
             epoch=epoch,
             state=READY,
             reason="",
             leases=leases,
+            cores=cores,
             applying=None,
         )
         missing = [c.name for c in plan.components if c.name not in has_master]

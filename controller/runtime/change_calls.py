@@ -14,15 +14,14 @@ from controller.errors import NotOwner
 from controller.runtime.history import acting_as, client
 from controller.runtime.operations import Operations
 from controller.runtime.read_calls import status_bytes
+from controller.state.lease_requests import LeaseCores, LeasePorts, ReleasePorts
 from controller.state.owners import Caller, check_owner, owner_hash, owns
 from controller.state.queueing import Terms
 from controller.state.requests import (
     Apply,
     Everyone,
     JobOf,
-    LeasePorts,
     Owned,
-    ReleasePorts,
     Reserve,
     Resize,
 )
@@ -145,6 +144,20 @@ class ChangeCalls:
             call.request_id,
             caller,
         )
+
+    async def lease_cores(self, call: LeaseCores) -> dict[str, int | str]:
+        """Lease CPU units of its node for ``component``'s ``rank`` (see
+        :meth:`CoreLeaser.lease_cores`): the run and the node's total."""
+        caller = self._owns(call.job, call.token, call.force, "a core lease")
+        lease = await self._ops.core_leaser.lease_cores(
+            call.job, call.component, call.rank, call.name, caller
+        )
+        return {
+            "node_id": lease.node_id,
+            "first": lease.first,
+            "count": lease.count,
+            "node_cpus": lease.node_cpus,
+        }
 
     async def release_ports(self, call: ReleasePorts) -> int:
         """End the leases holding any of ``ports``; returns how many."""

@@ -40,6 +40,7 @@ from controller.runtime.settings import Settings, from_environ
 from controller.runtime.state import ReservationState
 from controller.runtime.store import Store
 from controller.runtime.tasks import Tasks
+from controller.state import lease_requests as lq
 from controller.state import requests as rq
 from controller.state.records import GROUP_PREFIX
 from controller.state.table import KV_NAMESPACE, kv_prefix
@@ -147,8 +148,9 @@ class PlacementController:
     apply = route(CHANGES, ChangeCalls.apply, rq.Apply)
     resize = route(CHANGES, ChangeCalls.resize, rq.Resize)
     repair = route(CHANGES, ChangeCalls.repair, rq.Owned)
-    lease_ports = route(CHANGES, ChangeCalls.lease_ports, rq.LeasePorts)
-    release_ports = route(CHANGES, ChangeCalls.release_ports, rq.ReleasePorts)
+    lease_ports = route(CHANGES, ChangeCalls.lease_ports, lq.LeasePorts)
+    release_ports = route(CHANGES, ChangeCalls.release_ports, lq.ReleasePorts)
+    lease_cores = route(CHANGES, ChangeCalls.lease_cores, lq.LeaseCores)
     status = route(READS, ReadCalls.status, rq.JobOf)
     list = route(READS, ReadCalls.list)
     suspects = route(READS, ReadCalls.suspects, rq.JobOf)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from controller.runtime.applying import Applier
 from controller.runtime.checks import Checker
 from controller.runtime.context import Context
+from controller.runtime.core_leasing import CoreLeaser
 from controller.runtime.leasing import Leaser
 from controller.runtime.liveness import Liveness
 from controller.runtime.reconcile import Reconciler
@@ -23,6 +24,7 @@ class Operations:
     Attributes:
         checker: what Ray says about each reservation, ready or degraded.
         leaser: master ports and leased ports.
+        core_leaser: the CPU units engine ranks bind.
         repairer: replacing a lost node's slots (the one place to open to change repair).
         reserver: reserve, cancel, release; it owns the ``admitter`` (the queue).
         applier: apply and resize.
@@ -35,6 +37,7 @@ class Operations:
         self.ctx = ctx
         self.checker = Checker(ctx)
         self.leaser = Leaser(ctx)
+        self.core_leaser = CoreLeaser(ctx)
         self.repairer = Repairer(ctx, self.checker, self.leaser)
         self.reserver = Reserver(ctx, self.checker, self.leaser, self.repairer)
         self.admitter = self.reserver.admitter

@@ -374,6 +374,7 @@ class Repairer:
                 nodes=nodes,
                 slots=slots,
                 leases=[x for x in res.leases if x.node_id not in moved],
+                cores=[x for x in res.cores if x.node_id not in moved],
                 epoch=res.epoch + 1,
                 state=READY,
                 reason="",

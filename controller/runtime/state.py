@@ -2,8 +2,8 @@
 
 Everything the controller knows of its reservations lives here: the records, the highest
 epoch of every job name, each job's plan and published assignments (and their encoded
-form, for the read path), and what follows from the records: the port ledger of every
-node, the jobs on every node, the group names and ids no orphan sweep may touch, the
+form, for the read path), and what follows from the records: the port and core ledgers
+of every node, the jobs on every node, the group names and ids no orphan sweep may touch, the
 counts by state that metrics report.
 
 The only way to change any of it is :meth:`ReservationState.commit` (or
@@ -70,6 +70,7 @@ class ReservationState:
         self._encoded: dict[str, dict[str, bytes]] = {}
         self._states: dict[str, int] = dict.fromkeys(STATES, 0)
         self._ledger: dict[str, collections.Counter] = {}  # node id -> leased ports
+        self._cores: dict[str, collections.Counter] = {}  # node id -> leased CPU units
         self._by_node: dict[str, set[str]] = {}  # node id -> jobs with a slot there
         self._held_names: set[str] = set()  # group names and ids the records reference
         self._held_ids: set[str] = set()
@@ -166,6 +167,10 @@ class ReservationState:
     def ports_leased(self, node_id: str) -> set[int]:
         """The ports the records lease on a node."""
         return set(self._ledger.get(node_id, ()))
+
+    def cores_leased(self, node_id: str) -> set[int]:
+        """The CPU units the records lease on a node."""
+        return set(self._cores.get(node_id, ()))
 
     def references(self, group_name: str, group_id: str) -> bool:
         """Whether a record names this group (an orphan sweep must leave it)."""
@@ -333,7 +338,7 @@ class ReservationState:
         self._held_names.clear()
         self._held_ids.clear()
         self._states = dict.fromkeys(STATES, 0)
-        self._ledger = {}
+        self._ledger, self._cores = {}, {}
         for job, res in self._records.items():
             self._index(job, None, res)
             self._account(None, res, report=False)
@@ -364,17 +369,20 @@ class ReservationState:
     def _account(
         self, old: ReservationRecord | None, new: ReservationRecord | None, report: bool = True
     ) -> None:
-        """Keep state counts and the port ledger in step with one record's change, so a
-        commit costs what its job costs, not what the cluster holds."""
+        """Keep state counts and the port and core ledgers in step with one record's
+        change, so a commit costs what its job costs, not what the cluster holds."""
         for record, sign in ((old, -1), (new, 1)):
             if record is None:
                 continue
             self._states[record.state] = self._states.get(record.state, 0) + sign
-            for lease in record.leases:
-                held = self._ledger.setdefault(lease.node_id, collections.Counter())
-                for port in lease.ports:
-                    held[port] += sign
-                    if held[port] <= 0:
-                        del held[port]
+            for ledger, node_id, numbers in [
+                *((self._ledger, x.node_id, x.ports) for x in record.leases),
+                *((self._cores, x.node_id, x.units()) for x in record.cores),
+            ]:
+                held = ledger.setdefault(node_id, collections.Counter())
+                for n in numbers:
+                    held[n] += sign
+                    if held[n] <= 0:
+                        del held[n]
         if report:
             self._metrics.observe(self._states)

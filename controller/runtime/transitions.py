@@ -15,6 +15,7 @@ from __future__ import annotations
 import msgspec
 
 from controller.runtime.state import ReservationState
+from controller.state.cores import CoreLease
 from controller.state.ports import PortLease
 from controller.state.published import Published
 from controller.state.records import DEGRADED, READY, RELEASING, Applying, ReservationRecord
@@ -98,6 +99,10 @@ class Transitions:
     async def leases(self, base: ReservationRecord, leases: list[PortLease]) -> ReservationRecord:
         """Its port leases, one added or some ended."""
         return await self._commit(_replace(base, leases=leases), base)
+
+    async def cores(self, base: ReservationRecord, cores: list[CoreLease]) -> ReservationRecord:
+        """Its core leases, one added."""
+        return await self._commit(_replace(base, cores=cores), base)
 
     # ------------------------------------------------------------ apply
     async def applying(self, base: ReservationRecord, intent: Applying | None) -> ReservationRecord:

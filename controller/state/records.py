@@ -22,6 +22,7 @@ from controller.planning.cluster import NodeView
 from controller.planning.node_groups import ACCELERATOR
 from controller.planning.spec import ClusterSpec
 from controller.state.causes import NODE_LOST
+from controller.state.cores import CoreLease
 from controller.state.ports import MASTER, PortLease
 
 SCHEMA_VERSION = 3
@@ -134,6 +135,8 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
         repair: ``auto`` (replace lost slots at once) or ``manual`` (wait for
             ``repair(job)``).
         leases: master ports first, then ports leased on request.
+        cores: the CPU units engine ranks leased on their nodes
+            (:mod:`controller.state.cores`).
         applying: an ``apply`` in progress (None otherwise).
         queue, priority, queued_at: the queue a reservation was asked for in (``""``:
             none), its priority there (higher first) and when it joined (wall clock,
@@ -164,6 +167,7 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
     repair: str = AUTO
     created_at: float = 0.0
     leases: list[PortLease] = []
+    cores: list[CoreLease] = []
     applying: Applying | None = None
     queue: str = ""
     priority: int = 0

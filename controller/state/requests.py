@@ -16,7 +16,6 @@ import msgspec
 
 from controller.errors import ReservationError
 from controller.planning.spec import ClusterSpec, load_spec
-from controller.state.ports import check_request, lease_purpose
 from controller.state.records import AUTO, MANUAL
 
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -250,49 +249,6 @@ class Resize(msgspec.Struct):
         ComponentOf(self.job, self.component)
         self.timeout_s = check_timeout(self.timeout_s)
         check_flag(self.dry_run, "dry_run")
-        check_token(self.token)
-        check_flag(self.force, "force")
-
-
-class LeasePorts(msgspec.Struct):
-    """``lease_ports``: ``count`` ports (``consecutive`` or not) on the node of
-    ``component``'s ``rank``, found again by ``name`` or ``request_id``."""
-
-    job: str
-    component: str
-    rank: int = 0
-    count: int = 1
-    consecutive: bool = True
-    name: str | None = None
-    request_id: str | None = None
-    token: str = ""
-    force: bool = False
-
-    def __post_init__(self) -> None:
-        ComponentOf(self.job, self.component)
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int):
-            raise ReservationError(f"rank {self.rank!r}: expected an int")
-        check_request(self.count, self.consecutive)
-        lease_purpose(self.name, self.request_id)
-        check_token(self.token)
-        check_flag(self.force, "force")
-
-
-class ReleasePorts(msgspec.Struct):
-    """``release_ports``: end the leases of ``job`` holding any of ``ports``."""
-
-    job: str
-    ports: list[int]
-    token: str = ""
-    force: bool = False
-
-    def __post_init__(self) -> None:
-        check_job(self.job)
-        if not isinstance(self.ports, (list, tuple)) or not all(
-            isinstance(p, int) and not isinstance(p, bool) for p in self.ports
-        ):
-            raise ReservationError(f"ports {self.ports!r}: expected a list of port numbers")
-        self.ports = list(self.ports)
         check_token(self.token)
         check_flag(self.force, "force")
 

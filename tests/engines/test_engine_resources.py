@@ -6,6 +6,7 @@ generate what transformers generates."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import psutil
@@ -21,6 +22,15 @@ TWO_ENGINES = {
     "num_nodes": 2,
     "component_placement": {"rollout": {"placement": "0-1", "engine": "vllm"}},
 }
+
+
+def one_engine_on(gpu: int) -> dict:
+    return {
+        "num_nodes": 2,
+        "component_placement": {"rollout": {"placement": str(gpu), "engine": "vllm"}},
+    }
+
+
 ONE_ENGINE_OF_TWO_WORKERS = {  # one rank holding both accelerators of the node
     "num_nodes": 2,
     "component_placement": {"rollout": {"placement": "0-1:0", "engine": "vllm"}},
@@ -44,11 +54,17 @@ def id_list(text: str) -> list[int]:
     return cores
 
 
-def allowed_cores(pid: int) -> list[int]:
-    """The cores the OS lets the process's main thread run on."""
-    with open(f"/proc/{pid}/task/{pid}/status") as f:
+def allowed_cores(pid: int, tid: int | None = None) -> list[int]:
+    """The cores the OS lets one thread of the process (default its main one) run on."""
+    with open(f"/proc/{pid}/task/{tid or pid}/status") as f:
         line = next(x for x in f if x.startswith("Cpus_allowed_list:"))
     return id_list(line.split(":", 1)[1])
+
+
+def every_threads_cores(pid: int) -> set[int]:
+    """The cores any thread of the process may run on, read from the OS."""
+    tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    return set().union(*(allowed_cores(pid, t) for t in tids))
 
 
 def workers(tree: list[dict]) -> list[dict]:
@@ -126,3 +142,28 @@ def test_a_tensor_parallel_engine_binds_each_worker_to_its_own_cores(reserve, mo
         assert cores == [id_list(x) for x in lists]
     finally:
         group.shutdown()
+
+
+def test_engines_of_two_reservations_on_one_node_bind_disjoint_cores(reserve, ctl, models):
+    """Each reservation's engine is its component's only process on the node: split by
+    the component alone, both took every core. Their core leases keep them apart, for
+    every thread of each engine worker."""
+    groups = []
+    try:
+        for job, gpu in (("engine-a", 0), ("engine-b", 1)):
+            res = reserve(job, one_engine_on(gpu))
+            groups.append(clients.WorkerGroup.launch(res, "rollout", Engine, str(models[0])))
+        (a,), (b,) = (g.reservation.assignments("rollout") for g in groups)
+        assert a.placement.node_id == b.placement.node_id  # one node, two reservations
+        want = tiny_model.greedy(models[0])
+        seen = []
+        for group in groups:
+            assert group.execute("generate") == [want]
+            ((worker,),) = (workers(tree) for tree in group.execute("tree"))
+            seen.append(every_threads_cores(worker["pid"]))
+        assert seen[0] and seen[1] and not seen[0] & seen[1], seen
+        units = [ctl.record(job).cores for job in ("engine-a", "engine-b")]
+        assert [len(u) for u in units] == [1, 1] and units[0][0].first != units[1][0].first
+    finally:
+        for group in groups:
+            group.shutdown()

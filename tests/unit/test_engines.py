@@ -61,6 +61,24 @@ def test_a_rank_takes_its_share_of_the_cores_it_may_run_on(monkeypatch):
         engines.vllm_environment()
 
 
+def test_a_rank_with_a_core_lease_binds_its_units_cores(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    env = {"PLACECTL_JOB": "j", "NODE_LOCAL_RANK": "0", "NODE_LOCAL_WORLD_SIZE": "2"}
+    env |= {"PLACECTL_CPU_UNITS": "4-7", "PLACECTL_NODE_CPUS": "8"}
+    monkeypatch.setattr(os, "environ", env)
+    assert engines.vllm_environment(2) == {"VLLM_CPU_OMP_THREADS_BIND": "4-5|6-7"}
+    # a node that declares more CPUs than it has: units spread over the cores there
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert engines.vllm_environment(1) == {"VLLM_CPU_OMP_THREADS_BIND": "1"}
+    with pytest.raises(PlacementError, match="every worker needs a core of its own"):
+        engines.vllm_environment(2)
+
+
+def test_the_user_cannot_set_an_engines_cores():
+    with pytest.raises(PlacementError, match=r"env sets PLACECTL_CPU_UNITS='0-1'"):
+        engines.engine_environment(_Reservation(), "rollout", {"PLACECTL_CPU_UNITS": "0-1"})
+
+
 class _Reservation:
     def __init__(self):
         self.spec = SPEC
@@ -70,6 +88,10 @@ class _Reservation:
         self.calls.append((component, rank, count, consecutive, name))
         return list(range(30000, 30000 + count))
 
+    def lease_cores(self, component, rank, name):
+        self.calls.append((component, rank, name))
+        return {"first": 2, "count": 2, "node_cpus": 8, "node_id": name.split("@")[1]}
+
 
 def _assignment(node: str, rank: int = 0):
     return SimpleNamespace(placement=SimpleNamespace(node_id=node, rank=rank))
@@ -77,17 +99,20 @@ def _assignment(node: str, rank: int = 0):
 
 def test_an_engine_ranks_port_comes_from_a_lease_on_its_node():
     res = _Reservation()
-    assert engines.port_environment(res, "actor", None) is None  # not an engine
-    ports = engines.port_environment(res, "rollout", {"OTHER": "1"})
-    assert ports(_assignment("n1")) == {"VLLM_PORT": "30000"}
-    assert ports(_assignment("n2")) == {"VLLM_PORT": "30000"}
-    # one lease per node: a rank moved to another node leases there
+    assert engines.engine_environment(res, "actor", None) is None  # not an engine
+    ports = engines.engine_environment(res, "rollout", {"OTHER": "1"})
+    want = {"VLLM_PORT": "30000", "PLACECTL_CPU_UNITS": "2-3", "PLACECTL_NODE_CPUS": "8"}
+    assert ports(_assignment("n1")) == want
+    assert ports(_assignment("n2")) == want
+    # one lease of each per node: a rank moved to another node leases there
     assert res.calls == [
         ("rollout", 0, engines.ENGINE_PORTS, True, "engine@n1"),
+        ("rollout", 0, "cores@n1"),
         ("rollout", 0, engines.ENGINE_PORTS, True, "engine@n2"),
+        ("rollout", 0, "cores@n2"),
     ]
 
 
 def test_the_user_cannot_set_an_engines_port():
     with pytest.raises(PlacementError, match=r"env sets VLLM_PORT='8000' for 'rollout'"):
-        engines.port_environment(_Reservation(), "rollout", {"VLLM_PORT": "8000"})
+        engines.engine_environment(_Reservation(), "rollout", {"VLLM_PORT": "8000"})

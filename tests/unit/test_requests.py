@@ -12,6 +12,7 @@ from clients.reservation import Reservation
 from clients.session import Controller
 from controller.errors import ReservationError
 from controller.runtime.controller import PlacementController
+from controller.state import lease_requests as lq
 from controller.state import requests as rq
 from tests.unit.fakes import cluster, controller, info, live_groups, run, spec
 
@@ -27,7 +28,8 @@ CLIENT_CALLS = [
     (Controller.set_quota, rq.SetQuota, {"limits"}, {"token", "limits"}),
     (Controller.set_operator, rq.SetOperator, set(), set()),
     (Controller.events, rq.EventsSince, set(), set()),
-    (Reservation.lease_ports, rq.LeasePorts, set(), {"job", "token", "request_id", "force"}),
+    (Reservation.lease_ports, lq.LeasePorts, set(), {"job", "token", "request_id", "force"}),
+    (Reservation.lease_cores, lq.LeaseCores, set(), {"job", "token", "force"}),
 ]
 
 
@@ -46,7 +48,7 @@ def test_the_client_names_each_parameter_as_its_request_type_does(
 def test_ray_binds_a_call_against_its_request_type():
     """Ray reads an actor method's signature after unwrapping it; a call to the actor is
     checked against it before it is sent."""
-    for name in ("reserve", "apply", "lease_ports", "events", "list", "health"):
+    for name in ("reserve", "apply", "lease_ports", "lease_cores", "events", "list", "health"):
         method = getattr(PlacementController, name)
         seen = ray_signature.extract_signature(inspect.unwrap(method), ignore_first=True)
         assert [p.name for p in seen] == [
