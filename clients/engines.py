@@ -15,7 +15,7 @@ binds one NUMA node per worker and refuses tensor parallelism 2 on a one-NUMA ma
 Ray reserves CPU amounts, never particular cores, so the same ``WorkerGroup`` also leases
 each rank a run of its node's CPU units, as many as its bundles hold, disjoint from every
 other rank's on that node, of any component or reservation
-(:mod:`controller.state.cores`), and hands it over in ``PLACECTL_CPU_UNITS`` (``a-b``) and
+(:mod:`controller.state.leases`), and hands it over in ``PLACECTL_CPU_UNITS`` (``a-b``) and
 ``PLACECTL_NODE_CPUS``. Which cores those are is known only on the node, so the rank
 asks when it starts, before it creates the engine::
 
@@ -39,8 +39,8 @@ from typing import Any
 from controller import PlacementError
 from controller.planning.ranks import format_ranks
 from controller.state.assignments import Assignment
-from controller.state.cores import cores_of
 from controller.state.environment import VLLM
+from controller.state.leases import cores_of
 
 ENGINE_PORTS = 16  # vLLM takes 1-3 for one engine (its distributed init, data parallel)
 LEASE = "engine"

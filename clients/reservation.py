@@ -213,7 +213,7 @@ class Reservation:
         """Lease, on the node of ``component``'s ``rank``, a run of the node's CPU units as
         many as the rank's bundles hold, leased to no other rank on that node (of any
         reservation); idempotent by ``name``. Returns ``first``, ``count``, ``node_cpus``
-        and ``node_id``; :func:`controller.state.cores.cores_of` maps them to cores. Leases
+        and ``node_id``; :func:`controller.state.leases.cores_of` maps them to cores. Leases
         end with the reservation, or with the slot when the reservation leaves the node.
         """
         call = LeaseCores(

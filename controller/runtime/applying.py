@@ -36,9 +36,9 @@ from controller.runtime.context import Context
 from controller.runtime.leasing import Leaser
 from controller.runtime.stewards import Trigger
 from controller.state.change import ApplySummary, Change, bound_view, plan_slots_change
+from controller.state.leases import MASTER
 from controller.state.owners import Caller
 from controller.state.plan import JobPlan
-from controller.state.ports import MASTER
 from controller.state.published import publish
 from controller.state.queueing import add_up, quota_excess
 from controller.state.records import READY, Applying, ReservationRecord

@@ -10,8 +10,7 @@ from __future__ import annotations
 from controller.runtime.applying import Applier
 from controller.runtime.checks import Checker
 from controller.runtime.context import Context
-from controller.runtime.core_leasing import CoreLeaser
-from controller.runtime.leasing import Leaser
+from controller.runtime.leasing import CoreLeaser, Leaser
 from controller.runtime.liveness import Liveness
 from controller.runtime.reconcile import Reconciler
 from controller.runtime.repair import Repairer

@@ -15,8 +15,7 @@ from __future__ import annotations
 import msgspec
 
 from controller.runtime.state import ReservationState
-from controller.state.cores import CoreLease
-from controller.state.ports import PortLease
+from controller.state.leases import CoreLease, PortLease
 from controller.state.published import Published
 from controller.state.records import DEGRADED, READY, RELEASING, Applying, ReservationRecord
 from controller.state.table import StoredPlan

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from controller.errors import ReservationError
-from controller.state.ports import check_request, lease_purpose
+from controller.state.leases import check_request, lease_purpose
 from controller.state.requests import ComponentOf, check_flag, check_job, check_token
 
 

@@ -22,8 +22,7 @@ from controller.planning.cluster import NodeView
 from controller.planning.node_groups import ACCELERATOR
 from controller.planning.spec import ClusterSpec
 from controller.state.causes import NODE_LOST
-from controller.state.cores import CoreLease
-from controller.state.ports import MASTER, PortLease
+from controller.state.leases import MASTER, CoreLease, PortLease
 
 SCHEMA_VERSION = 3
 
@@ -136,7 +135,7 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
             ``repair(job)``).
         leases: master ports first, then ports leased on request.
         cores: the CPU units engine ranks leased on their nodes
-            (:mod:`controller.state.cores`).
+            (:mod:`controller.state.leases`).
         applying: an ``apply`` in progress (None otherwise).
         queue, priority, queued_at: the queue a reservation was asked for in (``""``:
             none), its priority there (higher first) and when it joined (wall clock,

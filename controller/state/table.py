@@ -31,8 +31,8 @@ from controller.errors import PlacementError, TableUnreadable
 from controller.planning.cluster import ClusterView
 from controller.planning.components import ComponentPlacement
 from controller.planning.spec import ClusterSpec
+from controller.state.leases import PortLease
 from controller.state.plan import JobPlan
-from controller.state.ports import PortLease
 from controller.state.published import Published, publish
 from controller.state.records import SCHEMA_VERSION, ReservationRecord, SlotRecord
 

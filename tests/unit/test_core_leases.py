@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from controller.errors import PlacementError, ReservationError
-from controller.state.cores import cores_of, pick_units
+from controller.state.leases import cores_of, pick_units
 from tests.unit.fakes import cluster, controller, run, spec, stored, until
 
 

@@ -12,8 +12,8 @@ from controller.errors import ReservationError, TableUnreadable
 from controller.state.assignments import build_assignments
 from controller.state.diff import describe_difference
 from controller.state.environment import worker_env
+from controller.state.leases import PortLease, candidates, ledger, pick_run
 from controller.state.plan import JobPlan, plan_slots
-from controller.state.ports import PortLease, candidates, ledger, pick_run
 from controller.state.records import READY, ReservationRecord
 from controller.state.requests import check_job, check_timeout
 from controller.state.spares import choose_spare, is_replacement
