@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from controller.state.events import Event
-from controller.state.usage import QueueUsage
+from controller.state.queueing import QueueUsage
 
 
 def _table(rows: list[list[str]], last_free: bool = True) -> str:

@@ -1,6 +1,9 @@
-"""Edits of a configuration for the common moves of an elastic job (no Ray)."""
+"""Edits of a configuration for the common moves of an elastic job, and how two
+configurations differ, in a few words for error messages (no Ray)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import msgspec
 
@@ -52,3 +55,40 @@ def with_component(
     return msgspec.structs.replace(
         spec, components=[new if c.name == component else c for c in spec.components]
     )
+
+
+def describe_difference(old: ClusterSpec, new: ClusterSpec) -> str:
+    """A short account of how two specs differ, e.g. ``components[actor].placement: ...``."""
+    diffs: list[str] = []
+
+    def short(v: Any) -> str:
+        text = repr(v)
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    def keyed(items: list) -> dict | None:
+        if not all(isinstance(x, dict) and (x.get("name") or x.get("label")) for x in items):
+            return None
+        return {x.get("name") or x.get("label"): x for x in items}
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if isinstance(a, list) and isinstance(b, list):
+            ka, kb = keyed(a), keyed(b)
+            if ka is not None and kb is not None:
+                a, b = ka, kb
+            elif len(a) == len(b):
+                a, b = dict(enumerate(a)), dict(enumerate(b))
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in [*a, *(k for k in b if k not in a)]:
+                where = f"{path}[{k}]" if isinstance(k, int) or path.endswith("s") else k
+                where = f"{path}.{k}" if path and not where.startswith(path) else where
+                if k not in b:
+                    diffs.append(f"{where} removed")
+                elif k not in a:
+                    diffs.append(f"{where} added")
+                else:
+                    walk(a[k], b[k], where)
+        elif a != b:
+            diffs.append(f"{path}: {short(a)} -> {short(b)}")
+
+    walk(msgspec.to_builtins(old), msgspec.to_builtins(new), "")
+    return "; ".join(diffs[:4]) + ("; ..." if len(diffs) > 4 else "") if diffs else "no difference"

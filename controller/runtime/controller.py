@@ -1,7 +1,7 @@
 """The placement controller: one named, detached Ray actor per cluster.
 
 The actor is a facade: it holds the loop and the gate every call passes, and routes each
-call (:mod:`controller.runtime.routes`) to the object that answers its kind. What the
+call (:func:`route`) to the object that answers its kind. What the
 controller knows lives in one owner; what it does is done by its operations:
 
 * ``state``: the mirror of the table, and the only way to change it (write ahead, one
@@ -11,23 +11,34 @@ controller knows lives in one owner; what it does is done by its operations:
 * the calls: :class:`ChangeCalls`, :class:`ReadCalls`, :class:`QueueCalls`,
   :class:`NodeCalls`, :class:`DiagnosticCalls`, each given the request its call was
   checked into (:mod:`controller.state.requests`).
+
+How a call reaches its handler: Ray hosts one class, so every call is a method of the
+facade, made by :func:`route` from the handler that answers it and the request type that
+names its parameters. The method takes the request's fields (by position or by name, as
+Ray and tests call it, or one request built by a client), builds the request, which
+checks them, waits until the controller may act, and hands the request to the handler.
+So a call's parameters are written once, in its request type, and its documentation
+once, on its handler.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import logging
 import os
 import re
 import time
+from collections.abc import Callable
+from typing import Any
 
 from controller.errors import ReservationError, TableUnreadable
 from controller.runtime.change_calls import ChangeCalls
-from controller.runtime.context import Context
+from controller.runtime.context import FAULT_STEPS, Context, Incarnation, SimulatedCrash
 from controller.runtime.diagnostics import DiagnosticCalls
 from controller.runtime.history import History
-from controller.runtime.incarnation import FAULT_STEPS, Incarnation, SimulatedCrash
 from controller.runtime.io import ClusterIO
 from controller.runtime.node_calls import NodeCalls
 from controller.runtime.operations import Operations
@@ -35,16 +46,15 @@ from controller.runtime.queue_calls import QueueCalls
 from controller.runtime.read_calls import ReadCalls
 from controller.runtime.readiness import Readiness
 from controller.runtime.reconcile import Reconciler
-from controller.runtime.routes import route
 from controller.runtime.settings import Settings, from_environ
 from controller.runtime.state import ReservationState
 from controller.runtime.store import Store
 from controller.runtime.tasks import Tasks
 from controller.state import lease_requests as lq
 from controller.state import requests as rq
+from controller.state.queueing import usage
 from controller.state.records import GROUP_PREFIX
 from controller.state.table import KV_NAMESPACE, kv_prefix
-from controller.state.usage import usage
 
 __all__ = ["FAULT_STEPS", "PlacementController", "SimulatedCrash"]
 
@@ -53,6 +63,58 @@ log = logging.getLogger("placectl.controller")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 CHANGES, READS, QUEUES, DIAGNOSTICS = "_changes", "_reads", "_queues", "_diagnostics"
 NODES = "_nodes"
+
+
+def route(
+    owner: str,
+    handler: Callable[..., Any],
+    request: type | None = None,
+    *,
+    ready: bool = True,
+) -> Callable[..., Any]:
+    """A facade method answering with ``handler``, a method of the facade's attribute
+    ``owner``.
+
+    Args:
+        owner: the facade attribute holding the object whose method answers.
+        handler: that method, taken from its class (``QueueCalls.quotas``).
+        request: the call's request type, or None for a call without parameters.
+        ready: wait for recovery, and refuse while the table cannot be read, first (the
+            facade's ``_ready``); False for the calls that answer regardless.
+    """
+    name = handler.__name__
+
+    async def method(self, *args: Any, **kw: Any) -> Any:
+        target = getattr(getattr(self, owner), name)
+        if request is None:
+            if args or kw:
+                raise ReservationError(f"{name}() takes no arguments")
+            if ready:
+                await self._ready()
+            return await target()
+        call = build(request, name, args, kw)
+        if ready:
+            await self._ready()
+        return await target(call)
+
+    functools.update_wrapper(method, handler, assigned=("__name__", "__qualname__", "__doc__"))
+    del method.__wrapped__  # Ray unwraps a method to read its signature: keep this one
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    if request is not None:
+        params += list(inspect.signature(request).parameters.values())
+    method.__signature__ = inspect.Signature(params)  # what Ray binds a call against
+    return method
+
+
+def build(request: type, name: str, args: tuple, kw: dict) -> Any:
+    """``request`` from a call's arguments, or the one request a client sent."""
+    if len(args) == 1 and not kw and isinstance(args[0], request):
+        return args[0]  # checked when built (and again when Ray unpickled it)
+    try:
+        return request(*args, **kw)
+    except TypeError as e:
+        fields = ", ".join(inspect.signature(request).parameters)
+        raise ReservationError(f"{name}(): {e}; it takes {fields}") from None
 
 
 class PlacementController:

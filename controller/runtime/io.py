@@ -17,7 +17,7 @@ from typing import Protocol
 import msgspec
 
 from controller.state.events import Event
-from controller.state.usage import QueueUsage
+from controller.state.queueing import QueueUsage
 from controller.state.wants import DemandGroup
 
 CREATED, PENDING, REMOVED, RESCHEDULING = "CREATED", "PENDING", "REMOVED", "RESCHEDULING"

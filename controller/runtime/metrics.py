@@ -11,7 +11,7 @@ observation); gauges are set at every commit (states) and every tick of the loop
 from __future__ import annotations
 
 from controller.state import events as ev
-from controller.state.usage import QueueUsage
+from controller.state.queueing import QueueUsage
 
 NO_QUEUE = "none"  # the queue label of reservations made without a queue
 

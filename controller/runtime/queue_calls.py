@@ -11,9 +11,9 @@ from controller.errors import NotOwner
 from controller.runtime.history import acting_as, client
 from controller.runtime.operations import Operations
 from controller.state.owners import owner_hash
+from controller.state.queueing import usage
 from controller.state.requests import EventsSince, SetOperator, SetQuota
 from controller.state.status import QueueEntry
-from controller.state.usage import usage
 
 
 class QueueCalls:

@@ -28,6 +28,7 @@ from controller.errors import (
     ReservationError,
 )
 from controller.planning.components import ComponentPlacement, choose_floating_nodes
+from controller.planning.spec_edit import describe_difference
 from controller.runtime import groups, leftovers
 from controller.runtime.admission import Admitter
 from controller.runtime.checks import Checker
@@ -36,7 +37,6 @@ from controller.runtime.leasing import Leaser
 from controller.runtime.repair import Repairer
 from controller.runtime.stewards import Trigger
 from controller.runtime.tasks import to_the_end
-from controller.state.diff import describe_difference
 from controller.state.owners import Caller
 from controller.state.plan import JobPlan, plan_slots
 from controller.state.published import publish

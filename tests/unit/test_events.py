@@ -14,8 +14,8 @@ import pytest
 from controller.errors import NotOwner, ReservationError
 from controller.runtime.settings import FAST
 from controller.state.events import Event
+from controller.state.queueing import QueueUsage
 from controller.state.table import EVENT, event_key
-from controller.state.usage import QueueUsage
 from tests.unit.fakes import cluster, controller, run, sha256, spec, stored, until
 
 A = "token-of-a"

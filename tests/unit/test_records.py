@@ -9,8 +9,8 @@ import pytest
 
 from controller import ClusterView, ComponentPlacement, NodeView, PlacementError, load_spec
 from controller.errors import ReservationError, TableUnreadable
+from controller.planning.spec_edit import describe_difference
 from controller.state.assignments import build_assignments
-from controller.state.diff import describe_difference
 from controller.state.environment import worker_env
 from controller.state.leases import PortLease, candidates, ledger, pick_run
 from controller.state.plan import JobPlan, plan_slots
