@@ -7,7 +7,9 @@ engines on one node then pick in a race, and a port a trainer's ``MASTER_PORT`` 
 holds is not theirs to know about. A :class:`clients.WorkerGroup` of a component with
 ``engine: vllm`` therefore leases :data:`ENGINE_PORTS` consecutive ports on each rank's
 node before starting it (a lease named after the node, so a rank moved elsewhere leases
-there) and sets ``VLLM_PORT`` to the first. Nothing is asked of the user.
+there) and sets ``VLLM_PORT`` to the first; and one more for the engine's OpenAI server
+(``vllm serve --port``, a command-line argument, not a variable), in
+``PLACECTL_SERVER_PORT``. Nothing is asked of the user.
 
 Cores. vLLM's CPU build binds each of an engine's workers to a list of cores
 (``VLLM_CPU_OMP_THREADS_BIND``, ``"0-3|4-7"``: one list per worker); left to itself it
@@ -48,6 +50,7 @@ PORT_VARIABLE = "VLLM_PORT"
 BIND_VARIABLE = "VLLM_CPU_OMP_THREADS_BIND"
 UNITS_VARIABLE, NODE_CPUS_VARIABLE = "PLACECTL_CPU_UNITS", "PLACECTL_NODE_CPUS"
 CORES_LEASE = "cores"
+SERVER_VARIABLE, SERVER_LEASE = "PLACECTL_SERVER_PORT", "server"
 
 
 def share_of_cores(cores: Sequence[int], index: int, count: int, workers: int) -> list[list[int]]:
@@ -127,9 +130,10 @@ def engine_environment(
     reservation: Any, component: str, env: dict[str, str] | None
 ) -> Callable[[Assignment], dict[str, str]] | None:
     """For a :class:`clients.WorkerGroup` of ``component``: what each rank's start adds to
-    its environment (``VLLM_PORT`` from a port lease on its node, and its core lease),
-    or None when the component runs no vLLM engine. Both leases are named after the
-    node, so a rank moved elsewhere leases there.
+    its environment (``VLLM_PORT`` from a port lease on its node, a port for its engine's
+    server in ``PLACECTL_SERVER_PORT``: ``vllm serve --port``, and its core lease), or
+    None when the component runs no vLLM engine. The leases are named after the node, so
+    a rank moved elsewhere leases there.
 
     Raises:
         PlacementError: the user's ``env`` sets ``VLLM_PORT`` or a core variable for an
@@ -137,7 +141,7 @@ def engine_environment(
     """
     if reservation.spec.component(component).engine != VLLM:
         return None
-    for key in (PORT_VARIABLE, UNITS_VARIABLE, NODE_CPUS_VARIABLE):
+    for key in (PORT_VARIABLE, SERVER_VARIABLE, UNITS_VARIABLE, NODE_CPUS_VARIABLE):
         if env and key in env:
             raise PlacementError(
                 f"env sets {key}={env[key]!r} for {component!r}, an engine: placectl leases "
@@ -147,10 +151,12 @@ def engine_environment(
     def leased(a: Assignment) -> dict[str, str]:
         rank, node = a.placement.rank, a.placement.node_id
         ports = reservation.lease_ports(component, rank, ENGINE_PORTS, True, f"{LEASE}@{node}")
+        server = reservation.lease_ports(component, rank, 1, True, f"{SERVER_LEASE}@{node}")
         cores = reservation.lease_cores(component, rank, f"{CORES_LEASE}@{node}")
         last = cores["first"] + cores["count"] - 1
         return {
             PORT_VARIABLE: str(ports[0]),
+            SERVER_VARIABLE: str(server[0]),
             UNITS_VARIABLE: f"{cores['first']}-{last}",
             NODE_CPUS_VARIABLE: str(cores["node_cpus"]),
         }

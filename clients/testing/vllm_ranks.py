@@ -86,6 +86,70 @@ class Engine:
         return {"found": self.found, "up_s": self.up_s, "bind": self.bind}
 
 
+class Server:
+    """One rollout rank that serves instead: vLLM's OpenAI server (``vllm serve``'s Python
+    entry) on the model at ``model``, started as engines' servers start, in a session of
+    its own, on the port the reservation leased it (``PLACECTL_SERVER_PORT``) and bound
+    to its cores; answering on loopback only."""
+
+    def __init__(self, model: str, ready_s: float = 300.0):
+        import subprocess
+        import sys
+        import urllib.request
+
+        import clients.engines
+
+        self.port = int(os.environ[clients.engines.SERVER_VARIABLE])
+        env = {**os.environ, **clients.engines.vllm_environment(1)}
+        command = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", model, "--host", "127.0.0.1", "--port", str(self.port),
+            "--dtype", "float32", "--max-model-len", "128", "--enforce-eager", "--seed", "0",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            command,
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + ready_s
+        while True:
+            if self.proc.poll() is not None:
+                said = self.proc.stderr.read().decode(errors="replace")[-2000:]
+                raise RuntimeError(f"the server exited ({self.proc.returncode}): {said}")
+            try:
+                with urllib.request.urlopen(self._url("/health"), timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server did not answer /health within {ready_s:g}s")
+            time.sleep(1.0)
+
+    def _url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def served(self) -> dict:
+        """The server's pid and the port it was given."""
+        return {"pid": self.proc.pid, "port": self.port}
+
+    def complete(self, model: str) -> dict:
+        """One greedy completion of the tiny model's prompt (token ids in, text out)."""
+        import json
+        import urllib.request
+
+        body = {"model": model, "prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0}
+        request = urllib.request.Request(
+            self._url("/v1/completions"),
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return json.loads(answer.read())
+
+
 class Trainer:
     """One trainer rank: after its update, it sends the changed tensors to every engine."""
 
@@ -96,4 +160,4 @@ class Trainer:
         return ray.get([e.push.remote(named) for e in engines])
 
 
-__all__ = ["ENV", "Engine", "Trainer", "alive"]
+__all__ = ["ENV", "Engine", "Server", "Trainer", "alive"]

@@ -14,7 +14,8 @@ import pytest
 
 import clients
 from clients.testing import tiny_model
-from clients.testing.vllm_ranks import Engine
+from clients.testing.vllm_ranks import Engine, Server
+from controller.runtime.leftovers import alive
 from tests.engines.test_vllm import environ
 
 EPHEMERAL = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -167,3 +168,37 @@ def test_engines_of_two_reservations_on_one_node_bind_disjoint_cores(reserve, ct
     finally:
         for group in groups:
             group.shutdown()
+
+
+def test_two_engine_servers_on_one_node_listen_on_their_leased_ports(reserve, ctl, models):
+    """vLLM's OpenAI server takes its port as an argument: each rank's comes from a lease
+    of its own on the node (``PLACECTL_SERVER_PORT``). Read from the OS: each server
+    process listens on its rank's leased port, the two ports differ, each answers a
+    completion with transformers' greedy text, and shutdown() leaves neither server
+    (each in a session of its own, as engines start theirs)."""
+    from transformers import AutoTokenizer
+
+    res = reserve("two-servers", TWO_ENGINES)
+    group = clients.WorkerGroup.launch(res, "rollout", Server, str(models[0]), timeout=600)
+    served = group.execute("served")
+    try:
+        (node,) = {a.placement.node_id for a in res.assignments("rollout")}
+        leased = {
+            x.rank: x.ports
+            for x in ctl.record("two-servers").leases
+            if x.purpose.endswith(f"server@{node}")
+        }
+        assert sorted(leased) == [0, 1]
+        assert [s["port"] for s in served] == [leased[0][0], leased[1][0]]
+        assert leased[0] != leased[1]
+        for s in served:
+            assert s["port"] in listening(s["pid"]), (s, listening(s["pid"]))
+        text = AutoTokenizer.from_pretrained(models[0]).decode(
+            tiny_model.greedy(models[0]), skip_special_tokens=True
+        )
+        for answer in group.execute("complete", str(models[0])):
+            assert answer["usage"]["completion_tokens"] == tiny_model.TOKENS
+            assert answer["choices"][0]["text"] == text
+    finally:
+        group.shutdown()
+    assert not [s for s in served if alive(s["pid"])], served

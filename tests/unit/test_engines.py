@@ -101,14 +101,17 @@ def test_an_engine_ranks_port_comes_from_a_lease_on_its_node():
     res = _Reservation()
     assert engines.engine_environment(res, "actor", None) is None  # not an engine
     ports = engines.engine_environment(res, "rollout", {"OTHER": "1"})
-    want = {"VLLM_PORT": "30000", "PLACECTL_CPU_UNITS": "2-3", "PLACECTL_NODE_CPUS": "8"}
+    want = {"VLLM_PORT": "30000", "PLACECTL_SERVER_PORT": "30000"}
+    want |= {"PLACECTL_CPU_UNITS": "2-3", "PLACECTL_NODE_CPUS": "8"}
     assert ports(_assignment("n1")) == want
     assert ports(_assignment("n2")) == want
     # one lease of each per node: a rank moved to another node leases there
     assert res.calls == [
         ("rollout", 0, engines.ENGINE_PORTS, True, "engine@n1"),
+        ("rollout", 0, 1, True, "server@n1"),
         ("rollout", 0, "cores@n1"),
         ("rollout", 0, engines.ENGINE_PORTS, True, "engine@n2"),
+        ("rollout", 0, 1, True, "server@n2"),
         ("rollout", 0, "cores@n2"),
     ]
 
