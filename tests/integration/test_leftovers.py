@@ -1,8 +1,8 @@
 """What a rank leaves on its node when it ends, read from the node's process table: an
 engine's server in a session of its own (which Ray does not end) is ended before the
-rank's slot is used again, by repair(), restart() and shutdown(), also from a driver
-that attached later, and by a release with no shutdown() at all; other ranks' processes
-are not touched."""
+rank's slot is used again, by repair() (of a killed rank or a hung one), restart() and
+shutdown(), also from a driver that attached later, and by a release with no shutdown()
+at all; other ranks' processes are not touched."""
 
 from __future__ import annotations
 
@@ -83,6 +83,24 @@ def test_a_killed_ranks_server_is_ended_before_its_slot_is_used_again(res, watch
     finally:
         group.shutdown()
     assert not alive(other)
+
+
+def test_a_hung_ranks_server_is_ended_before_its_slot_is_used_again(res, watch):
+    # A rank stopped on a live node (SIGSTOP: a wedged kernel, a debugger) answers no
+    # health check: repair() waits hung_after seconds, kills it as hung, and relaunches
+    # it; its server, in a session of its own, neither stopped nor ended by Ray, is gone
+    # before the new rank starts.
+    group = clients.WorkerGroup.launch(res, "engine", Engine, str(watch))
+    try:
+        server = group.execute_rank(0, "serve", True)
+        other = group.execute_rank(1, "serve", True)
+        watch.write_text(f"{server}")
+        os.kill(group.execute_rank(0, "pid"), signal.SIGSTOP)
+        assert group.repair(timeout=120, hung_after=3.0) == [0]
+        assert group.execute_rank(0, "found_alive") == {server: False}
+        assert not alive(server) and alive(other)
+    finally:
+        group.shutdown()
 
 
 def test_shutdown_from_a_driver_that_attached_later_ends_every_ranks_server(res, watch):
