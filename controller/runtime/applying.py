@@ -305,9 +305,14 @@ class Applier:
             leases.append(x)
         has_master = {x.component for x in leases if x.purpose == MASTER}
         sizes = plan.world_sizes()
-        cores = [
-            x for x in res.cores if x.node_id in nodes_now and x.rank < sizes.get(x.component, 0)
-        ]
+        # A core lease stays where its rank still runs on its node; a rank that moves
+        # leases on its new node when it starts there.
+        where = {
+            (c.name, p.rank): change.nodes[p.node_rank].node_id
+            for c in plan.components
+            for p in c.placements
+        }
+        cores = [x for x in res.cores if where.get((x.component, x.rank)) == x.node_id]
         new = msgspec.structs.replace(
             res,
             spec=spec,

@@ -89,3 +89,23 @@ def test_units_map_to_cores():
         cores_of(3, 2, 4, [0, 1, 2, 3])
     with pytest.raises(PlacementError, match="its CPU affinity is empty"):
         cores_of(0, 1, 4, [])
+
+
+def test_an_apply_keeps_the_leases_of_ranks_that_stay_and_ends_the_others():
+    async def go():
+        fake = cluster()
+        ctl = await controller(fake)
+        await ctl.reserve("j", spec("0-3"), 5)
+        node = stored(fake, "j").slots[0].node_id
+        for rank in (0, 3):
+            await ctl.lease_cores("j", "actor", rank, f"cores@{node}")
+        # rank 0 stays on its node; rank 3 moves to the next node while this one stays
+        await ctl.apply("j", spec("1-4"), 5)
+        assert [(x.rank, x.node_id) for x in stored(fake, "j").cores] == [(0, node)]
+        await ctl.apply("j", spec("4-5"), 5)  # both ranks move to the next node
+        assert stored(fake, "j").cores == []
+        moved = await ctl.lease_cores("j", "actor", 0, "cores@there")
+        assert moved["node_id"] != node
+        await ctl.stop()
+
+    run(go())
