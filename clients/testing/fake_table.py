@@ -1,9 +1,9 @@
 """The in-memory fake cluster's table as a driver reads it, for drivers tested (and
-benchmarked) against :class:`controller.runtime.fake.FakeCluster` without Ray."""
+benchmarked) against :class:`clients.testing.fake_cluster.FakeCluster` without Ray."""
 
 from __future__ import annotations
 
-from controller.runtime.fake import FakeCluster
+from clients.testing.fake_cluster import FakeCluster
 
 
 class DriverTable:

@@ -2,7 +2,7 @@
 
 Every Ray call the controller makes goes through a :class:`ClusterIO`. Two
 implementations stand behind it: :class:`controller.runtime.ray_io.RayClusterIO` (the
-real cluster) and :class:`controller.runtime.fake.FakeCluster` (in memory, for unit
+real cluster) and :class:`clients.testing.fake_cluster.FakeCluster` (in memory, for unit
 tests that run in milliseconds and for control-plane benchmarks at thousands of nodes),
 as Ray Serve isolates its controller's actor calls for the same reason.
 

@@ -29,9 +29,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 from harness import Results, local_cluster, parser
 
+from clients.testing.fake_cluster import FakeCluster, Latency
 from clients.testing.fake_table import DriverTable
 from controller.runtime.controller import PlacementController
-from controller.runtime.fake import FakeCluster, Latency
 from controller.runtime.settings import Settings
 
 GPUS = 8

@@ -8,9 +8,9 @@ import time
 
 import msgspec
 
+from clients.testing.fake_cluster import FakeCluster
 from clients.testing.legacy import v1_table
 from controller.runtime.controller import PlacementController
-from controller.runtime.fake import FakeCluster
 from controller.runtime.io import REMOVED
 from controller.runtime.settings import FAST, Settings
 from controller.state.assignments import Assignment

@@ -8,11 +8,11 @@ import re
 
 import pytest
 
+from clients.testing.fake_cluster import FakeCluster
 from controller import ClusterView, ComponentPlacement, NodeView, PlacementError, load_spec
 from controller.planning.cluster import order_nodes
 from controller.planning.components import choose_floating_nodes
 from controller.planning.topology import GPU_DOMAIN_LABEL
-from controller.runtime.fake import FakeCluster
 from tests.unit.fakes import controller, run, stored, until
 
 

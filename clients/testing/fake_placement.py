@@ -1,5 +1,5 @@
 """The fake cluster's nodes and groups, and where it places a group: as Ray does where
-placectl depends on it (:mod:`controller.runtime.fake`)."""
+placectl depends on it (:mod:`clients.testing.fake_cluster`)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ import itertools
 
 import msgspec
 
-from controller.runtime.fake_network import FakeNetwork
-from controller.runtime.fake_placement import FakeFault, FakeGroup, FakeNode, place, usable
+from clients.testing.fake_network import FakeNetwork
+from clients.testing.fake_placement import FakeFault, FakeGroup, FakeNode, place, usable
 from controller.runtime.io import (
     CREATED,
     HEAD_RESOURCE,

@@ -1,4 +1,4 @@
-"""The fake cluster's network (:class:`controller.runtime.fake.FakeCluster` holds it):
+"""The fake cluster's network (:class:`clients.testing.fake_cluster.FakeCluster` holds it):
 nodes cut off both ways, single paths down, and what a node sees of the others' raylets
 from where it stands, the controller's own node or a witness's
 (:mod:`controller.runtime.evidence`)."""
