@@ -10,6 +10,16 @@ from controller.state.leases import check_request, lease_purpose
 from controller.state.requests import ComponentOf, check_flag, check_job, check_token
 
 
+def check_rank_call(job: str, component: str, rank: object, token: str, force: bool) -> None:
+    """The fields every lease for one rank carries: its job and component, the rank (an
+    int), and who asks."""
+    ComponentOf(job, component)
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise ReservationError(f"rank {rank!r}: expected an int")
+    check_token(token)
+    check_flag(force, "force")
+
+
 class LeasePorts(msgspec.Struct):
     """``lease_ports``: ``count`` ports (``consecutive`` or not) on the node of
     ``component``'s ``rank``, found again by ``name`` or ``request_id``."""
@@ -25,13 +35,9 @@ class LeasePorts(msgspec.Struct):
     force: bool = False
 
     def __post_init__(self) -> None:
-        ComponentOf(self.job, self.component)
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int):
-            raise ReservationError(f"rank {self.rank!r}: expected an int")
+        check_rank_call(self.job, self.component, self.rank, self.token, self.force)
         check_request(self.count, self.consecutive)
         lease_purpose(self.name, self.request_id)
-        check_token(self.token)
-        check_flag(self.force, "force")
 
 
 class ReleasePorts(msgspec.Struct):
@@ -65,9 +71,5 @@ class LeaseCores(msgspec.Struct):
     force: bool = False
 
     def __post_init__(self) -> None:
-        ComponentOf(self.job, self.component)
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int):
-            raise ReservationError(f"rank {self.rank!r}: expected an int")
+        check_rank_call(self.job, self.component, self.rank, self.token, self.force)
         lease_purpose(self.name, None)
-        check_token(self.token)
-        check_flag(self.force, "force")
