@@ -136,8 +136,8 @@ def engine_environment(
     a rank moved elsewhere leases there.
 
     Raises:
-        PlacementError: the user's ``env`` sets ``VLLM_PORT`` or a core variable for an
-            engine component.
+        PlacementError: the user's ``env`` sets one of the variables placectl sets from
+            these leases (``VLLM_PORT``, ``PLACECTL_SERVER_PORT``, the core variables).
     """
     if reservation.spec.component(component).engine != VLLM:
         return None
