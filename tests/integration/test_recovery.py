@@ -125,6 +125,7 @@ def drain(node_id: str, seconds: float) -> None:
 
 
 def test_a_draining_node_is_left_before_its_deadline_and_no_worker_dies(cluster, ctl):
+    add_spare(cluster)  # the move needs one (a raylet started earlier may have died since)
     res = ctl.reserve("drain", spec(), timeout_s=60)
     group = clients.WorkerGroup.launch(res, "actor", Worker)
     before = res.assignments("actor")
@@ -159,6 +160,7 @@ def test_an_operators_drain_moves_the_job_off_a_node_that_stays_and_uncordon_giv
     real cluster: the job's slots there move make before break (no worker dies, Ray's
     node table still has the node alive: Ray is not draining it), the ranks follow at
     `sync()`, no new reservation lands there, and `placectl uncordon` gives it back."""
+    add_spare(cluster)
     res = ctl.reserve("maint", spec(), timeout_s=60)
     group = clients.WorkerGroup.launch(res, "actor", Worker)
     before = res.assignments("actor")

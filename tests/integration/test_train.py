@@ -43,10 +43,37 @@ def faults_at(run: dict) -> dict[str, float]:
     return {f["kind"]: f["at"] for f in run["faults"]}
 
 
+def recoveries(events: list[dict]) -> list[dict]:
+    """The events, a step's recovery as one: a recovery that failed (a group that could
+    not form again: a peer's connection reset) is tried again at the step's next
+    attempt, and what every attempt relaunched or restarted counts for the step."""
+    out: list[dict] = []
+    held: dict = {}  # what failed attempts of a step did, by step
+    for e in events:
+        if e["kind"] == "recovery failed":
+            done = held.setdefault(e["step"], {"relaunched": {}, "restarted": []})
+            for c, ranks in e.get("relaunched", {}).items():
+                done["relaunched"][c] = sorted(set(done["relaunched"].get(c, [])) | set(ranks))
+            done["restarted"] = sorted(set(done["restarted"]) | set(e.get("restarted", [])))
+            continue
+        if e["kind"] == "repaired" and e["step"] in held:
+            done = held.pop(e["step"])
+            relaunched = dict(done["relaunched"])
+            for c, ranks in e["relaunched"].items():
+                relaunched[c] = sorted(set(relaunched.get(c, [])) | set(ranks))
+            restarted = sorted(set(done["restarted"]) | set(e["restarted"]))
+            e = {**e, "relaunched": relaunched, "restarted": restarted}
+        out.append(e)
+    return out
+
+
 def test_a_run_through_every_kind_of_fault_ends_equal_to_a_fault_free_run(runs):
-    faulted, events = runs["placectl"]["steps"], runs["placectl"]["events"]
+    faulted, raw = runs["placectl"]["steps"], runs["placectl"]["events"]
+    failed = [e for e in raw if e["kind"] == "recovery failed"]
+    assert len(failed) <= 2, failed  # a recovery tried again, not a job in a loop
+    events = recoveries(raw)
     kinds = [e["kind"] for e in events if e["kind"] not in ("machine", "preparing", "moved")]
-    assert kinds == ["launched", *["repaired"] * 4, "attached", "grew"], kinds
+    assert kinds == ["launched", *["repaired"] * 4, "attached", "grew"], (kinds, failed)
     node, hang, oom, stall = [e for e in events if e["kind"] == "repaired"]
     # node: one repair, the instant the step failed: the lost node held trainer rank 0
     # and rollout rank 0, and exactly those came back.

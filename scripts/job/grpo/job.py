@@ -65,6 +65,7 @@ class Job:
         self.updates: list = []  # the trainer ranks' calls of the step in progress
         self.followed = 0  # the epoch whose moves the workers have followed
         self.preparing = 0  # the epoch whose moved ranks' replacements are starting
+        self.recovered: dict = {}  # what the recovery in progress has relaunched so far
 
     # ------------------------------------------------------------ bring-up
     def _classes(self) -> dict[str, tuple]:
@@ -299,7 +300,7 @@ class Job:
         """Recover; a recovery that fails itself (a worker lost again meanwhile, a group
         that could not form) is said, and left to the step's next attempt, which fails
         at once and recovers again: what a job does on a cluster that keeps failing."""
-        started = time.time()
+        started, self.recovered = time.time(), {}
         try:
             self._recover(step, error)
         except (ray.exceptions.RayError, StepTimeout, clients.PlacementError) as e:
@@ -309,6 +310,7 @@ class Job:
                 step=step,
                 cause=cause_of(e),
                 seconds=time.time() - started,
+                **self.recovered,  # what it did before it failed
             )
 
     def _recover(self, step: int, error: Exception) -> None:
@@ -327,6 +329,8 @@ class Job:
         stuck = self._stuck(relaunched["actor"])
         if stuck:
             self.groups["actor"].restart(stuck)
+        self.recovered = {"relaunched": {n: r for n, r in relaunched.items() if r}}
+        self.recovered["restarted"] = stuck
         self.updates = []
         restarted = time.time()
         self._rejoin()
