@@ -42,3 +42,27 @@ def train(tmp_path, steps: int, faults: str, *extra: str) -> dict:
         assert abs(a["loss"] - b["loss"]) <= 1e-6, a["step"]
     assert reference[-1]["reward"] > reference[0]["reward"]  # it learns
     return runs
+
+
+def recoveries(events: list[dict]) -> list[dict]:
+    """The events, a step's recovery as one: a recovery that failed (a group that could
+    not form again: a peer's connection reset) is tried again at the step's next
+    attempt, and what every attempt relaunched or restarted counts for the step."""
+    out: list[dict] = []
+    held: dict = {}  # what failed attempts of a step did, by step
+    for e in events:
+        if e["kind"] == "recovery failed":
+            done = held.setdefault(e["step"], {"relaunched": {}, "restarted": []})
+            for c, ranks in e.get("relaunched", {}).items():
+                done["relaunched"][c] = sorted(set(done["relaunched"].get(c, [])) | set(ranks))
+            done["restarted"] = sorted(set(done["restarted"]) | set(e.get("restarted", [])))
+            continue
+        if e["kind"] == "repaired" and e["step"] in held:
+            done = held.pop(e["step"])
+            relaunched = dict(done["relaunched"])
+            for c, ranks in e["relaunched"].items():
+                relaunched[c] = sorted(set(relaunched.get(c, [])) | set(ranks))
+            restarted = sorted(set(done["restarted"]) | set(e["restarted"]))
+            e = {**e, "relaunched": relaunched, "restarted": restarted}
+        out.append(e)
+    return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.training import train
+from tests.training import recoveries, train
 
 # The figure the docs state for an abrupt node loss: the next step finished 6.2 s after
 # it (starting over: 24.2 s; Ray's own detection alone 16.5 s). Bound for 2 loaded cores.
@@ -41,30 +41,6 @@ def runs(tmp_path_factory) -> dict:
 
 def faults_at(run: dict) -> dict[str, float]:
     return {f["kind"]: f["at"] for f in run["faults"]}
-
-
-def recoveries(events: list[dict]) -> list[dict]:
-    """The events, a step's recovery as one: a recovery that failed (a group that could
-    not form again: a peer's connection reset) is tried again at the step's next
-    attempt, and what every attempt relaunched or restarted counts for the step."""
-    out: list[dict] = []
-    held: dict = {}  # what failed attempts of a step did, by step
-    for e in events:
-        if e["kind"] == "recovery failed":
-            done = held.setdefault(e["step"], {"relaunched": {}, "restarted": []})
-            for c, ranks in e.get("relaunched", {}).items():
-                done["relaunched"][c] = sorted(set(done["relaunched"].get(c, [])) | set(ranks))
-            done["restarted"] = sorted(set(done["restarted"]) | set(e.get("restarted", [])))
-            continue
-        if e["kind"] == "repaired" and e["step"] in held:
-            done = held.pop(e["step"])
-            relaunched = dict(done["relaunched"])
-            for c, ranks in e["relaunched"].items():
-                relaunched[c] = sorted(set(relaunched.get(c, [])) | set(ranks))
-            restarted = sorted(set(done["restarted"]) | set(e["restarted"]))
-            e = {**e, "relaunched": relaunched, "restarted": restarted}
-        out.append(e)
-    return out
 
 
 def test_a_run_through_every_kind_of_fault_ends_equal_to_a_fault_free_run(runs):
