@@ -71,6 +71,10 @@ PROTECTED = frozenset(
         "PLACECTL_BUNDLE_INDICES",
         "PLACECTL_CHILD_SHARE",
         "PLACECTL_WORKER",  # set by clients.WorkerGroup: the tag its processes inherit
+        # set by clients.WorkerGroup for an engine rank, from its leases
+        "PLACECTL_SERVER_PORT",
+        "PLACECTL_CPU_UNITS",
+        "PLACECTL_NODE_CPUS",
         "VLLM_RAY_BUNDLE_INDICES",
         "VLLM_RAY_PER_WORKER_GPUS",
         *VISIBLE_DEVICES.values(),
