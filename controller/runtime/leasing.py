@@ -39,6 +39,27 @@ MAX_WINDOWS = 8
 Hold = tuple[str, set[int]]
 
 
+class Tentative:
+    """Numbers (ports, CPU units) of leases in progress, by node: held from the moment
+    they are chosen until the lease is recorded or abandoned."""
+
+    def __init__(self) -> None:
+        self._by_node: dict[str, set[int]] = {}
+
+    def of(self, node_id: str) -> set[int]:
+        return set(self._by_node.get(node_id, ()))
+
+    def hold(self, node_id: str, numbers) -> None:
+        self._by_node.setdefault(node_id, set()).update(numbers)
+
+    def drop(self, node_id: str, numbers) -> None:
+        held = self._by_node.get(node_id)
+        if held is not None:
+            held -= set(numbers)
+            if not held:
+                del self._by_node[node_id]
+
+
 class Leaser:
     """Master ports and further leases (see the module docstring). It keeps to itself the
     ports of leases in progress; the leases themselves are in the records."""
@@ -48,25 +69,18 @@ class Leaser:
         self._stewards = ctx.stewards
         self._records = ctx.records
         self.settings = ctx.settings
-        self._tentative: dict[str, set[int]] = {}
+        self._tentative = Tentative()
 
     def _held(self, node_id: str) -> set[int]:
         """Ports leased on a node (the records' ledger) or held by a lease in progress."""
         held = self._state.ports_leased(node_id)
-        held.update(self._tentative.get(node_id, ()))
+        held.update(self._tentative.of(node_id))
         return held
-
-    def _unhold(self, node_id: str, ports: set[int]) -> None:
-        held = self._tentative.get(node_id)
-        if held is not None:
-            held -= ports
-            if not held:
-                del self._tentative[node_id]
 
     def drop_holds(self, holds: list[Hold]) -> None:
         """Let go of the ports of leases now recorded (or abandoned)."""
         for node_id, ports in holds:
-            self._unhold(node_id, ports)
+            self._tentative.drop(node_id, ports)
         holds.clear()
 
     async def _find_ports(
@@ -101,22 +115,22 @@ class Leaser:
             window = candidates(low, high, self._held(node) | tried, start)[:width]
             if len(window) < count:
                 break
-            self._tentative.setdefault(node, set()).update(window)
+            self._tentative.hold(node, window)
             try:
                 free = await asyncio.wait_for(
                     self._io.free_ports(node, window), self.settings.port_check_timeout
                 )
             except asyncio.TimeoutError:
-                self._unhold(node, set(window))
+                self._tentative.drop(node, set(window))
                 raise ReservationError(
                     f"node {node_rank} ({slot.node_ip}) did not answer the port check within "
                     f"{self.settings.port_check_timeout:g}s; no port was leased"
                 ) from None
             except BaseException:
-                self._unhold(node, set(window))
+                self._tentative.drop(node, set(window))
                 raise
             run = pick_run(free, count, consecutive)
-            self._unhold(node, set(window) - set(run))
+            self._tentative.drop(node, set(window) - set(run))
             if run:
                 holds.append((node, set(run)))
                 return PortLease(
@@ -236,7 +250,7 @@ class CoreLeaser:
         self._state, self._nodes = ctx.state, ctx.nodes
         self._stewards = ctx.stewards
         self._records = ctx.records
-        self._tentative: dict[str, set[int]] = {}
+        self._tentative = Tentative()
 
     async def lease_cores(
         self, job: str, component: str, rank: int, name: str, caller: Caller | None = None
@@ -267,14 +281,11 @@ class CoreLeaser:
                 if (lease.purpose, lease.component, lease.rank) == (purpose, component, rank):
                     return lease
             lease = await self._choose(res, component, rank, purpose)
-            held = self._tentative.setdefault(lease.node_id, set())
-            held.update(lease.units())
+            self._tentative.hold(lease.node_id, lease.units())
             try:
                 await self._records.cores(res, [*res.cores, lease])
             finally:
-                held -= set(lease.units())
-                if not held:
-                    del self._tentative[lease.node_id]
+                self._tentative.drop(lease.node_id, lease.units())
             return lease
 
         return await self._stewards.run(job, Trigger.LEASE, step)
@@ -301,7 +312,7 @@ class CoreLeaser:
         bundles = a.bundle_indices or [a.bundle_index]
         count = max(1, round(sum(slot.bundles[b].resources.get("CPU", 0.0) for b in bundles)))
         total = int(info.resources.get("CPU", 0))
-        held = self._state.cores_leased(node) | self._tentative.get(node, set())
+        held = self._state.cores_leased(node) | self._tentative.of(node)
         first = pick_units(held, total, count)
         if first is None:
             raise ReservationError(
