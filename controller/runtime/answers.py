@@ -47,30 +47,61 @@ _METHOD = "/grpc.health.v1.Health/Check"
 # waits longer at each loss (measured: one connection silent for 29 s on a link losing
 # 30%): it is replaced by a new connection, made at once, before the next check.
 DOUBT_WAYS = 3  # connections for a process in doubt (the controller: settings.looks)
-_KEPT: collections.OrderedDict[tuple[str, int], object] = collections.OrderedDict()
 _KEPT_MOST = 4096
 _LOCK = threading.Lock()
 _BEST = (OK, DENIED, REFUSED, SILENT)  # of a node's lanes, the answer that counts
 
 
-def _channel(address: str, lane: int, fresh: bool):
+class _Kept:
+    """A channel and the calls on it. Callers in several threads share channels (the
+    controller's checks, a driver repairing its groups in parallel): one that retires a
+    channel (broken, replaced, too many kept) must not close it under another's call,
+    which would fail at once with ``ValueError('Cannot invoke RPC: Channel closed!')``
+    or, already started, be cancelled and read ``silent``. A retired channel closes when
+    its last call is done."""
+
+    __slots__ = ("calls", "channel", "retired")
+
+    def __init__(self, channel) -> None:
+        self.channel, self.calls, self.retired = channel, 0, False
+
+    def retire(self) -> None:  # under _LOCK
+        self.retired = True
+        if self.calls == 0:
+            self.channel.close()
+
+
+_KEPT: collections.OrderedDict[tuple[str, int], _Kept] = collections.OrderedDict()
+
+
+def _borrow(address: str, lane: int, fresh: bool) -> _Kept:
+    """The kept channel of ``(address, lane)`` (a new one if ``fresh``), with one more
+    call on it: give it back with :func:`_give_back`."""
     with _LOCK:
         key = (address, lane)
-        channel = None if fresh else _KEPT.pop(key, None)
-        if fresh:
-            _drop(address, lane)
-        if channel is None:
-            channel = open_channel(address)
-        _KEPT[key] = channel  # the most recently used last
+        kept = _KEPT.pop(key, None)
+        if kept is not None and fresh:
+            kept.retire()
+            kept = None
+        if kept is None:
+            kept = _Kept(open_channel(address))
+        _KEPT[key] = kept  # the most recently used last
         while len(_KEPT) > _KEPT_MOST:
-            _KEPT.popitem(last=False)[1].close()
-        return channel
+            _KEPT.popitem(last=False)[1].retire()
+        kept.calls += 1
+        return kept
 
 
-def _drop(address: str, lane: int) -> None:
-    old = _KEPT.pop((address, lane), None)
-    if old is not None:
-        old.close()
+def _give_back(address: str, lane: int, kept: _Kept, broken: bool) -> None:
+    """A call on ``kept`` is done; if it ``broken`` the channel, the next call on
+    ``(address, lane)`` connects anew (unless another caller already replaced it)."""
+    with _LOCK:
+        kept.calls -= 1
+        if broken and _KEPT.get((address, lane)) is kept:
+            del _KEPT[(address, lane)]
+            kept.retired = True
+        if kept.retired and kept.calls == 0:
+            kept.channel.close()
 
 
 def answers(
@@ -103,20 +134,22 @@ def answers(
             continue
         n = ways if isinstance(ways, int) else ways.get(key, 1)
         for lane in range(max(1, n) if _again else 1):
-            call = _channel(address, lane, fresh=not _again).unary_unary(
+            kept = _borrow(address, lane, fresh=not _again)
+            call = kept.channel.unary_unary(
                 _METHOD, request_serializer=lambda x: x, response_deserializer=lambda x: x
             )
-            pending.append((key, address, lane, call.future(b"", timeout=timeout)))
-    for key, address, lane, future in pending:
+            pending.append((key, address, lane, kept, call.future(b"", timeout=timeout)))
+    for key, address, lane, kept, future in pending:
         try:
             future.result()
+            _give_back(address, lane, kept, broken=False)
             got.setdefault(key, []).append(OK)
         except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            late_only = e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            if late_only:
                 late.append((key, address, lane))
-            else:
-                with _LOCK:  # broken, not late: the next check connects anew
-                    _drop(address, lane)
+            # broken, not late: the next check connects anew
+            _give_back(address, lane, kept, broken=not late_only)
             refusal = denied(e)
             if refusal is not None and _again and _closed(e):
                 closed[key] = address
@@ -128,7 +161,9 @@ def answers(
     out = {key: min(lanes, key=_BEST.index) for key, lanes in got.items()}
     for key, address, lane in late:
         if out.get(key) == OK:  # stuck where another lane answered: replaced now
-            grpc.channel_ready_future(_channel(address, lane, fresh=True))
+            fresh = _borrow(address, lane, fresh=True)
+            grpc.channel_ready_future(fresh.channel)  # connects now, before the next check
+            _give_back(address, lane, fresh, broken=False)
     closed = {k: a for k, a in closed.items() if out.get(k) != OK}
     if closed:
         out.update(answers(closed, timeout, why, _again=False))

@@ -141,3 +141,33 @@ def test_a_connection_late_where_another_answered_is_replaced():
         assert answers({"n": relay}, timeout=2.0) == {"n": OK}
     finally:
         server.stop(0)
+
+
+def test_callers_in_many_threads_share_connections_without_closing_each_others():
+    """The controller checks from several threads at once, and a driver repairs its worker
+    groups in parallel: a caller whose connection failed replaces it while another has
+    a call on it, or is about to start one. Each must read its own answer: not a
+    ``ValueError('Cannot invoke RPC: Channel closed!')`` (found in CI: it failed a GRPO
+    job's recovery) nor a call cancelled by another's close read as ``silent``."""
+    closer, _ = _closer(None)  # every connection closed: denied, each time
+    upstream, server = _health_server()
+    errors: list[BaseException] = []
+    seen: list[dict[str, str]] = []
+
+    def ask() -> None:
+        try:
+            for _ in range(40):
+                seen.append(answers({"c": closer, "h": upstream}, timeout=2.0, ways=2))
+        except BaseException as e:  # the test reports what escaped
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=ask) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        server.stop(0)
+    assert errors == [] and len(seen) == 240
+    assert {a["c"] for a in seen} == {DENIED} and {a["h"] for a in seen} == {OK}

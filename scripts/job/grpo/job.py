@@ -322,14 +322,18 @@ class Job:
             return
         self.res.wait_ready(timeout=300)
         ready = time.time()
-        relaunched = self._each(
-            lambda n: self.groups[n].repair(timeout=300, hung_after=HUNG_AFTER_S),
-            list(self.groups),
-        )
+        self.recovered = {"relaunched": {}, "restarted": []}
+
+        def repair(name: str) -> list[int]:
+            ranks = self.groups[name].repair(timeout=300, hung_after=HUNG_AFTER_S)
+            if ranks:  # said even if another group's repair fails: these ranks are new
+                self.recovered["relaunched"][name] = ranks
+            return ranks
+
+        relaunched = self._each(repair, list(self.groups))
         stuck = self._stuck(relaunched["actor"])
         if stuck:
             self.groups["actor"].restart(stuck)
-        self.recovered = {"relaunched": {n: r for n, r in relaunched.items() if r}}
         self.recovered["restarted"] = stuck
         self.updates = []
         restarted = time.time()
