@@ -203,6 +203,11 @@ def render_reservation(info, assignments: dict[str, list]) -> str:
             entry = cells[(nr, col)]
             text = "  ".join(f"{name}:{format_ranks(ranks)}" for name, ranks in entry.items())
             out.append(f"    {col:<8} {text}")
+    if info.spares_wanted or info.spares:
+        held = ", ".join(f"{s.node_ip} ({s.node_id[:12]}) group {s.group_id}" for s in info.spares)
+        out.append(
+            f"spares: {len(info.spares)} of {info.spares_wanted} held" + (held and f": {held}")
+        )
     return "\n".join(out)
 
 

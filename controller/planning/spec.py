@@ -54,6 +54,7 @@ log = logging.getLogger("placectl")
 MAX_COMPONENTS = 256
 MAX_NODE_GROUPS = 256
 MAX_NODES = 100_000
+MAX_SPARES = 64  # nodes held idle for repairs: more is a second reservation, not spares
 _SAID: set[str] = set()
 
 
@@ -167,6 +168,7 @@ def _normalise(raw: _Cluster) -> ClusterSpec:
         raise SpecError(f"cluster.ports {raw.ports.low}-{raw.ports.high}: low must be <= high")
     if raw.num_gpus_per_node is not None:
         check_int(raw.num_gpus_per_node, "cluster.num_gpus_per_node", 0)
+    check_int(raw.spares, "cluster.spares", 0, MAX_SPARES)
 
     groups = [node_group(g, i, raw.num_nodes) for i, g in enumerate(raw.node_groups)]
     check_hardware_per_node(groups)
@@ -239,5 +241,6 @@ def _normalise(raw: _Cluster) -> ClusterSpec:
         node_groups=groups,
         components=components,
         num_gpus_per_node=raw.num_gpus_per_node,
+        spares=raw.spares,
         unused=msgspec.to_builtins(unused),
     )

@@ -81,6 +81,7 @@ class _Cluster(_Strict):
     ports: _Ports = msgspec.field(default_factory=_Ports)
     node_groups: list[_NodeGroup] = []
     num_gpus_per_node: int | None = None  # RLinf's older key; the dry run's default
+    spares: int = 0  # placectl's own: whole nodes held ready for a repair
     auto_scheduler: Any = None
     use_pre_process_policy: Any = None
     use_wait_before_last_iter_policy: Any = None

@@ -119,6 +119,9 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True):
     node_groups: list[NodeGroup] = []
     components: list[ComponentSpec] = []
     num_gpus_per_node: int | None = None
+    # Whole nodes of the slots' kind held by the reservation for its repairs (0: none):
+    # a repair takes a held one at once instead of waiting for a free node to place on.
+    spares: int = 0
     unused: dict[str, Any] = {}  # RLinf's keys that placectl keeps but does not use
 
     def component(self, name: str) -> ComponentSpec:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from controller.runtime.applying import Applier
 from controller.runtime.checks import Checker
 from controller.runtime.context import Context
+from controller.runtime.holding import Holder
 from controller.runtime.leasing import CoreLeaser, Leaser
 from controller.runtime.liveness import Liveness
 from controller.runtime.reconcile import Reconciler
@@ -25,6 +26,7 @@ class Operations:
         leaser: master ports and leased ports.
         core_leaser: the CPU units engine ranks bind.
         repairer: replacing a lost node's slots (the one place to open to change repair).
+        holder: the spare nodes a reservation holds for its repairs (``cluster.spares``).
         reserver: reserve, cancel, release; it owns the ``admitter`` (the queue).
         applier: apply and resize.
         reconciler: recovery on start, and the loop's ticks.
@@ -41,7 +43,8 @@ class Operations:
         self.reserver = Reserver(ctx, self.checker, self.leaser, self.repairer)
         self.admitter = self.reserver.admitter
         self.applier = Applier(ctx, self.checker, self.leaser)
-        self.reconciler = Reconciler(ctx, self.checker, self.reserver, self.repairer)
+        self.holder = Holder(ctx)
+        self.reconciler = Reconciler(ctx, self.checker, self.reserver, self.repairer, self.holder)
         self.liveness = Liveness(ctx, self._fenced)
 
     def _fenced(self, node: str) -> None:

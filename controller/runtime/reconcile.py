@@ -21,6 +21,7 @@ import time
 from controller.runtime import groups
 from controller.runtime.checks import Checker
 from controller.runtime.context import Context
+from controller.runtime.holding import Holder
 from controller.runtime.io import REMOVED, GroupInfo, NodeInfo
 from controller.runtime.repair import Repairer
 from controller.runtime.reserving import Reserver
@@ -35,7 +36,12 @@ class Reconciler:
     """Brings the table in line with Ray: once at start, then at every tick."""
 
     def __init__(
-        self, ctx: Context, checker: Checker, reserver: Reserver, repairer: Repairer
+        self,
+        ctx: Context,
+        checker: Checker,
+        reserver: Reserver,
+        repairer: Repairer,
+        holder: Holder,
     ) -> None:
         self._io, self._state, self._nodes = ctx.io, ctx.state, ctx.nodes
         self._stewards = ctx.stewards
@@ -43,6 +49,7 @@ class Reconciler:
         self._checker = checker
         self._reserver = reserver
         self._repairer = repairer
+        self._holder = holder
         self.settings = ctx.settings
         self._prefix = ctx.prefix
         self._tasks = ctx.tasks
@@ -91,7 +98,7 @@ class Reconciler:
         """Live groups with this controller's prefix that no record names: left by a call
         cut short, or by a removal Ray did not confirm in time. Groups a repair or an
         apply is making right now are not orphans."""
-        making = self._repairer.making()
+        making = self._repairer.making() | self._holder.making()
         for r in self._state.records.values():
             if r.applying is not None:
                 making.update(r.applying.group_names)
@@ -131,7 +138,7 @@ class Reconciler:
         4. **Drains**: Ray's draining nodes, read.
         5. **Answer**: what each reservation's state asks for, posted to its steward in
            a task (repair, move off draining nodes, finish a release, remove groups
-           left on drained nodes, clear an apply's intent).
+           left on drained nodes, clear an apply's intent, take or drop held spares).
         6. **Demand**: what nobody asks of the autoscaler any more, withdrawn.
         7. **Housekeep**: an idle worker kept on each reserved node; the pass's figures.
         """
@@ -186,6 +193,7 @@ class Reconciler:
     def _follow_up(self, joined: bool) -> None:
         if joined:
             self._repairer.retry_now()  # a spare may have arrived: try at once
+            self._holder.retry_now()
         draining, now = set(self._nodes.draining), time.time()
         for job, res in list(self._state.records.items()):
             if self._stewards.busy(job) or self._reserver.in_progress(job):
@@ -198,6 +206,8 @@ class Reconciler:
                 self._repairer.schedule(job)
             elif res.state == READY and res.repair == AUTO and draining & res.node_ids():
                 self._repairer.schedule_move(job)  # make before break, ahead of the deadline
+            elif self._holder.due(res):
+                self._holder.schedule(job)  # spares held, dropped or taken anew
             elif res.state in (PENDING, RELEASING):
                 self._tasks.start("finish", job, self._finish_release(job))
 
@@ -245,7 +255,7 @@ class Reconciler:
         period = self.settings.warm_period
         held: dict[str, int] = {}
         for res in self._state.records.values():
-            for slot in res.slots:
+            for slot in (*res.slots, *res.spares):
                 held[slot.node_id] = held.get(slot.node_id, 0) + len(slot.bundles)
         budget = self.settings.warm_budget
         for node_id in sorted(self._nodes.alive_ids(), key=lambda n: self._warmed.get(n, 0.0)):

@@ -22,13 +22,14 @@ from controller.errors import NotOwner, ReservationTimeout
 from controller.runtime import groups
 from controller.runtime.checks import Checker
 from controller.runtime.context import Context
+from controller.runtime.io import CREATED
 from controller.runtime.leasing import Leaser
 from controller.runtime.stewards import Trigger
+from controller.state import spares
 from controller.state.causes import DRAIN, OWN_NODE, RESPONSES
 from controller.state.owners import Caller
 from controller.state.published import publish
 from controller.state.records import DEGRADED, MANUAL, READY, LeavingGroup, ReservationRecord
-from controller.state.spares import choose_spare, segments_kept
 from controller.state.wants import Want, for_spare
 
 log = logging.getLogger("placectl.controller")
@@ -242,13 +243,6 @@ class Repairer:
             log.exception("repairing %r failed; will try again", job)
             self._after[job] = time.monotonic() + self.settings.repair_retry
 
-    def _selectors(self, res: ReservationRecord, node_rank: int) -> list[dict[str, str]]:
-        return [
-            dict(g.selector or {})
-            for g in res.spec.node_groups
-            if g.floating and node_rank in res.floating.get(g.label, [])
-        ]
-
     async def _replace_slots(
         self, res: ReservationRecord, holds: list, draining: dict[str, float] | None = None
     ) -> tuple[ReservationRecord | None, str, set[str], Want | None]:
@@ -258,7 +252,8 @@ class Repairer:
         the nodes to ask the autoscaler for. With ``draining`` (a move), the slots on
         those nodes are replaced too, on other nodes. ``res`` is never changed, and on
         failure every group made for the attempt is removed. New master ports stay held
-        in ``holds`` until the caller has written the record."""
+        in ``holds`` until the caller has written the record. A lost node's slots go to
+        a held spare of their shape first (``cluster.spares``): nothing to place."""
         self._nodes.set_all(await self._io.nodes())
         table = await self._io.groups(sorted(res.group_ids()))
         found = groups.broken_slots(res, table, self._nodes)
@@ -270,6 +265,9 @@ class Repairer:
             return None, "", set(), None
         live = self._nodes.view(res.spec.accelerator)
         live_by_id = {n.node_id: n for n in live.nodes}
+        placed = {g for g, info in table.items() if info.state == CREATED}
+        usable = spares.usable_spares(res, live_by_id, self._nodes.draining, placed)
+        adopted: dict[int, list[int]] = {}  # held spare -> the slots it becomes
         free = await self._io.free_resources()
         taken = {s.node_id for i, s in enumerate(res.slots) if i not in broken}
         # Where each goes is its cause's (controller.state.causes.RESPONSES). A lost
@@ -287,19 +285,18 @@ class Repairer:
         plan = (await self._state.plan(res.job)).plan if lost else None
         why, short = "", []  # the first reason, and every lost node without a spare
         for node_rank, idxs in sorted(lost.items()):
-            need: dict[str, float] = {}
-            for i in idxs:
-                for k, v in res.slots[i].need().items():
-                    need[k] = need.get(k, 0.0) + v
-            keep = segments_kept(res.spec, plan, node_rank, res.nodes[node_rank])
-            spare = choose_spare(
-                res.nodes[node_rank],
-                live.nodes,
-                free,
-                need,
-                taken,
-                self._selectors(res, node_rank),
-                keep,
+            keep = spares.segments_kept(res.spec, plan, node_rank, res.nodes[node_rank])
+            bundles = [b for i in idxs for b in res.slots[i].bundles]
+            sel = spares.selectors_for(res, node_rank)
+            dead = res.nodes[node_rank]
+            held = spares.held_for(res, dead, bundles, usable, taken, sel, keep)
+            if held is not None:
+                taken.add(res.spares[held].node_id)
+                adopted[held] = idxs
+                continue
+            need = spares.need_of(bundles)
+            spare = spares.choose_spare(
+                res.nodes[node_rank], live.nodes, free, need, taken, sel, keep
             )
             if spare is None:
                 first = res.slots[idxs[0]]
@@ -337,6 +334,10 @@ class Repairer:
             )
             for k, (target, idxs) in enumerate(parts)
         ]
+        took = [  # held spares made slots: placed and probed already
+            msgspec.structs.replace(res.spares[j], node_rank=res.slots[idxs[0]].node_rank)
+            for j, idxs in adopted.items()
+        ]
         await self._demand.withdraw(f"spare/{res.job}")  # it must not take the spares
         created: dict[int, str] = {}
         deadline = time.monotonic() + self.settings.repair_timeout
@@ -356,6 +357,7 @@ class Repairer:
             self._incarnation.crash_point("replace_after_probe")
             nodes = dict(res.nodes)
             moved = set()
+            parts += [(usable[res.spares[j].node_id], idxs) for j, idxs in adopted.items()]
             for target, idxs in parts:
                 old = res.slots[idxs[0]]
                 nodes[old.node_rank] = target
@@ -363,7 +365,7 @@ class Repairer:
                     moved.add(old.node_id)
             gone = {i for _, idxs in parts for i in idxs}
             slots = sorted(
-                [s for i, s in enumerate(res.slots) if i not in gone] + fresh,
+                [s for i, s in enumerate(res.slots) if i not in gone] + fresh + took,
                 key=lambda s: s.node_rank,
             )
             masters = sorted(
@@ -375,6 +377,7 @@ class Repairer:
                 slots=slots,
                 leases=[x for x in res.leases if x.node_id not in moved],
                 cores=[x for x in res.cores if x.node_id not in moved],
+                spares=[s for j, s in enumerate(res.spares) if j not in adopted],
                 epoch=res.epoch + 1,
                 state=READY,
                 reason="",

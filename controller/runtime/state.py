@@ -361,7 +361,7 @@ class ReservationState:
         for node in new.node_ids() if new else ():
             self._by_node.setdefault(node, set()).add(job)
         for record, held in ((old, False), (new, True)):
-            names = {s.group_name for s in record.slots} if record else set()
+            names = {s.group_name for s in (*record.slots, *record.spares)} if record else set()
             ids = record.group_ids() if record else set()  # leaving groups included
             for mine, values in ((self._held_names, names), (self._held_ids, ids)):
                 (mine.update if held else mine.difference_update)(values)

@@ -63,6 +63,7 @@ class Trigger(enum.Enum):
     REPAIR = "repair"  # lost slots replaced
     MOVE = "move"  # slots on draining nodes moved, make before break
     DROP_LEAVING = "drop leaving"  # groups left on draining nodes removed at their time
+    HOLD = "hold"  # held spares taken or dropped (cluster.spares)
 
 
 @dataclass(eq=False)

@@ -82,6 +82,10 @@ class Transitions:
         """The old groups of a drained node's slots still kept until their deadline."""
         return await self._commit(_replace(base, leaving=leaving), base)
 
+    async def held(self, base: ReservationRecord, spares: list) -> ReservationRecord:
+        """The groups it holds on spare nodes, some taken or dropped."""
+        return await self._commit(_replace(base, spares=spares), base)
+
     # ------------------------------------------------------------ terms
     async def policy(self, base: ReservationRecord, repair: str) -> ReservationRecord:
         """Its repair policy, as the same reserve asked it again."""

@@ -340,7 +340,7 @@ def usage(
             continue
         count[0] += 1
         count[1] += res.accelerators()
-        for slot in res.slots:
+        for slot in (*res.slots, *res.spares):  # held spares count against the quota
             for k, v in slot.need().items():
                 held[k] = held.get(k, 0.0) + v
     out = []

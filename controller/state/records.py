@@ -149,6 +149,8 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
             is released (0: it is not).
         leaving: groups of slots moved off draining nodes, removed when their node goes
             (no longer part of the reservation's slots; removed with it on release).
+        spares: groups held on spare nodes for repairs (``cluster.spares``), each with
+            the bundles of one node's slots (node rank -1); a repair makes one a slot.
     """
 
     v: int = SCHEMA_VERSION
@@ -176,6 +178,7 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
     preempt_grace: float = 0.0
     preempt_at: float = 0.0
     leaving: list[LeavingGroup] = []
+    spares: list[SlotRecord] = []
 
     def master_port(self, component: str) -> int | None:
         for lease in self.leases:
@@ -187,8 +190,10 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
         return sum(1 for s in self.slots for b in s.bundles if b.kind == ACCELERATOR)
 
     def group_ids(self) -> set[str]:
-        """The ids of its groups: its slots' and those still leaving draining nodes."""
-        return {s.group_id for s in self.slots if s.group_id} | {g.group_id for g in self.leaving}
+        """The ids of its groups: its slots', its held spares' and those still leaving
+        draining nodes."""
+        held = {s.group_id for s in (*self.slots, *self.spares) if s.group_id}
+        return held | {g.group_id for g in self.leaving}
 
     def node_ids(self) -> set[str]:
         return {s.node_id for s in self.slots}

@@ -3,7 +3,7 @@ nearest first (the same NVLink domain, then the same rack)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -17,6 +17,7 @@ from controller.planning.topology import (
     place_of,
 )
 from controller.state.plan import JobPlan
+from controller.state.records import BundleRecord, ReservationRecord
 
 # Ray's labels that say what a node is (not which node): a spare must match them.
 KIND_LABELS = ("ray.io/accelerator-type", "ray.io/node-group", "ray.io/market-type")
@@ -134,3 +135,93 @@ def choose_spare(
         if all(have.get(k, 0.0) + 1e-9 >= v for k, v in need.items()):
             return node
     return None
+
+
+# ---------------------------------------------------------------- held spares
+# A reservation with ``cluster.spares: N`` holds N groups on spare nodes, each with the
+# bundles of one node's slots. A repair that finds a held one fit for a lost node makes
+# it that node's slot: nothing to schedule, place or probe, and no race with another
+# job for the free node.
+
+
+def selectors_for(res: ReservationRecord, node_rank: int) -> list[dict[str, str]]:
+    """The selectors of the floating node groups that chose the node at ``node_rank``:
+    a node standing in for it must match them."""
+    return [
+        dict(g.selector or {})
+        for g in res.spec.node_groups
+        if g.floating and node_rank in res.floating.get(g.label, [])
+    ]
+
+
+def need_of(bundles: Iterable[BundleRecord]) -> dict[str, float]:
+    """What ``bundles`` ask of a node, together."""
+    total: dict[str, float] = {}
+    for b in bundles:
+        for k, v in b.resources.items():
+            total[k] = total.get(k, 0.0) + v
+    return total
+
+
+def usable_spares(
+    res: ReservationRecord, live: Mapping[str, NodeView], draining: Iterable[str], placed: set[str]
+) -> dict[str, NodeView]:
+    """The nodes of ``res``'s held spares a repair may take now: alive (in ``live``), not
+    draining, their group placed (its id in ``placed``)."""
+    draining = set(draining)
+    return {
+        s.node_id: live[s.node_id]
+        for s in res.spares
+        if s.node_id in live and s.node_id not in draining and s.group_id in placed
+    }
+
+
+def node_bundles(res: ReservationRecord, node_rank: int) -> list[BundleRecord]:
+    """The bundles of every slot of ``res`` on the node at ``node_rank``, in slot order:
+    what one slot on a spare holds for them (a repair moves a node's slots together)."""
+    return [b for s in res.slots if s.node_rank == node_rank for b in s.bundles]
+
+
+def shape(bundles: Iterable[BundleRecord]) -> tuple:
+    """What a group of ``bundles`` asks of Ray and where each bundle's process goes, not
+    which devices it got: two groups of one shape stand in for each other."""
+    return tuple((b.kind, b.local_index, tuple(sorted(b.resources.items()))) for b in bundles)
+
+
+def spare_bundles(res: ReservationRecord) -> tuple[int, list[BundleRecord]]:
+    """The node rank whose slots a held spare copies (the node with the most bundles,
+    the lowest rank among equals), and those bundles as a new group asks for them."""
+    ranks = sorted({s.node_rank for s in res.slots})
+    if not ranks:
+        return -1, []
+    rank = max(ranks, key=lambda r: (len(node_bundles(res, r)), -r))
+    fresh = [
+        msgspec.structs.replace(b, physical_id=-1, uuid="", pci_bus_id="")
+        for b in node_bundles(res, rank)
+    ]
+    return rank, fresh
+
+
+def held_for(
+    res: ReservationRecord,
+    dead: NodeView,
+    bundles: list[BundleRecord],
+    usable: Mapping[str, NodeView],
+    exclude: set[str],
+    selectors: Iterable[dict[str, str]] = (),
+    keep: Sequence[Keep] = (),
+) -> int | None:
+    """The index in ``res.spares`` of the held spare that stands in for the node ``dead``
+    and its slots' ``bundles``: of their shape, on a node in ``usable`` (alive, not
+    draining, its group placed) that :func:`choose_spare` would take, nearest first;
+    None when none fits."""
+    want = shape(bundles)
+    fits = {
+        s.node_id: i
+        for i, s in enumerate(res.spares)
+        if s.node_id in usable and shape(s.bundles) == want
+    }
+    nodes = [usable[n] for n in fits]
+    free = {n: {} for n in fits}  # its bundles are held already: room is not the question
+    node = choose_spare(dead, nodes, free, {}, exclude, selectors, keep)
+    return None if node is None else fits[node.node_id]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from controller.planning.node_groups import ACCELERATOR
-from controller.state.records import ReservationRecord
+from controller.state.records import ReservationRecord, SlotRecord
 
 
 class SlotInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,6 +42,10 @@ class ReservationInfo(msgspec.Struct, frozen=True, kw_only=True):
     # Draining nodes its slots moved off: node id -> when the old group there is removed
     # (wall-clock); workers still running there should move before (WorkerGroup.sync()).
     leaving: dict[str, float] = {}
+    # Spare nodes held for its repairs (cluster.spares): the groups held now, and how
+    # many it asks for. A repair makes a held one a slot, and another is taken after.
+    spares: list[SlotInfo] = []
+    spares_wanted: int = 0
 
     @property
     def preempting(self) -> bool:
@@ -77,21 +81,24 @@ def summarize(res: ReservationRecord) -> ReservationInfo:
         preemptible=res.preemptible,
         preempt_at=res.preempt_at,
         leaving={x.node_id: x.remove_at for x in res.leaving},
-        slots=[
-            SlotInfo(
-                node_rank=s.node_rank,
-                node_id=s.node_id,
-                node_ip=s.node_ip,
-                group_id=s.group_id,
-                accelerators=[b.physical_id for b in s.bundles if b.kind == ACCELERATOR],
-                local_to_physical={
-                    b.local_index: b.physical_id for b in s.bundles if b.kind == ACCELERATOR
-                },
-                bundles=len(s.bundles),
-                topology=_topology(res, s.node_rank),
-            )
-            for s in res.slots
-        ],
+        slots=[_slot(res, s) for s in res.slots],
+        spares=[_slot(res, s) for s in res.spares],
+        spares_wanted=res.spec.spares,
+    )
+
+
+def _slot(res: ReservationRecord, s: SlotRecord) -> SlotInfo:
+    return SlotInfo(
+        node_rank=s.node_rank,
+        node_id=s.node_id,
+        node_ip=s.node_ip,
+        group_id=s.group_id,
+        accelerators=[b.physical_id for b in s.bundles if b.kind == ACCELERATOR],
+        local_to_physical={
+            b.local_index: b.physical_id for b in s.bundles if b.kind == ACCELERATOR
+        },
+        bundles=len(s.bundles),
+        topology=_topology(res, s.node_rank),
     )
 
 

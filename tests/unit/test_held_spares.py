@@ -1,0 +1,137 @@
+"""Held spares (``cluster.spares``) on the in-memory fake cluster: a reservation holds
+whole nodes of its kind as placed, probed groups; a lost node's slot becomes a held one
+without a new group; what is taken is taken again; what goes wrong is dropped; nothing
+is leaked, swept or counted twice."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.errors import SpecError
+from controller.planning.spec import load_spec
+from tests.unit.fakes import (
+    cluster,
+    controller,
+    info,
+    live_groups,
+    run,
+    spec,
+    stored,
+    table_groups,
+    until,
+)
+
+
+def with_spares(n: int, placement: str = "0-3", num_nodes: int = 3) -> dict:
+    return {**spec(placement, num_nodes), "spares": n}
+
+
+def held(fake, job: str, n: int = 1):
+    """The stored record once it holds ``n`` spares."""
+    return until(lambda: (r := stored(fake, job)) is not None and len(r.spares) == n and r)
+
+
+def test_a_reservation_holds_a_whole_node_of_its_kind_outside_itself():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        await ctl.reserve("j", with_spares(1), 5)
+        rec = await held(fake, "j")
+        (spare,) = rec.spares
+        (slot,) = rec.slots
+        assert spare.node_id != slot.node_id
+        # The fake cluster's own group: placed on that node, with the slot's bundles.
+        group = fake.groups_by_id[spare.group_id]
+        assert group.node_id == spare.node_id
+        assert [b.resources for b in spare.bundles] == [b.resources for b in slot.bundles]
+        assert sorted(b.physical_id for b in spare.bundles if b.kind == "accelerator") == [
+            0,
+            1,
+            2,
+            3,
+        ]
+        shown = info(await ctl.status("j"))
+        assert shown.spares_wanted == 1 and [s.group_id for s in shown.spares] == [spare.group_id]
+        assert live_groups(fake) == table_groups(fake) == {slot.group_id, spare.group_id}
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_lost_node_takes_the_held_spare_and_a_new_one_is_held():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        await ctl.reserve("j", with_spares(1), 5)
+        rec = await held(fake, "j")
+        spare, (old,) = rec.spares[0], rec.slots
+        lost = old.node_id
+        fake.kill_node(lost)
+        rec = await until(lambda: (r := stored(fake, "j")).epoch == 2 and r.state == "ready" and r)
+        (slot,) = rec.slots
+        # The held group itself is the slot now: nothing was placed for the repair.
+        assert (slot.group_id, slot.node_id) == (spare.group_id, spare.node_id)
+        assert slot.node_rank == old.node_rank
+        assert slot.bundles == spare.bundles
+        rec = await until(lambda: (r := stored(fake, "j")).spares and r)
+        (again,) = rec.spares
+        assert again.node_id not in (lost, spare.node_id)
+        assert live_groups(fake) - {
+            g for g in live_groups(fake) if fake.groups_by_id[g].node_id == lost
+        } == table_groups(fake)
+        await ctl.stop()
+
+    run(go())
+
+
+def test_without_a_free_node_it_holds_none_then_takes_one_that_joins():
+    async def go():
+        fake = cluster(gpu_nodes=1)
+        ctl = await controller(fake)
+        await ctl.reserve("j", with_spares(1, num_nodes=2), 5)
+        assert stored(fake, "j").state == "ready" and stored(fake, "j").spares == []
+        fake.add_node(num_gpus=4, num_cpus=4)
+        rec = await held(fake, "j")
+        assert rec.epoch == 1  # holding changes no assignment
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_held_spare_whose_node_dies_is_dropped_and_another_taken():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        await ctl.reserve("j", with_spares(1), 5)
+        first = (await held(fake, "j")).spares[0]
+        fake.kill_node(first.node_id)
+        rec = await until(
+            lambda: (r := stored(fake, "j")).spares and r.spares[0].node_id != first.node_id and r
+        )
+        assert rec.state == "ready" and rec.epoch == 1  # a spare's loss is not the job's
+        await ctl.stop()
+
+    run(go())
+
+
+def test_release_removes_the_held_spares_and_a_restart_keeps_them():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        await ctl.reserve("j", with_spares(2), 5)
+        rec = await held(fake, "j", 2)
+        await ctl.stop()
+        ctl = await controller(fake)  # its spares are not orphans to the new one
+        assert stored(fake, "j").spares == rec.spares
+        assert {s.group_id for s in rec.spares} <= live_groups(fake)
+        assert await ctl.release("j") is True
+        assert live_groups(fake) == set()
+        await ctl.stop()
+
+    run(go())
+
+
+@pytest.mark.parametrize("bad", [-1, 65, "two"])
+def test_a_bad_spares_count_names_the_key_and_the_range(bad):
+    with pytest.raises(SpecError, match=r"cluster\.spares"):
+        load_spec(with_spares(bad))
