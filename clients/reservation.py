@@ -172,6 +172,17 @@ class Reservation:
             self._blocks[component] = self._load(component)
         return self._blocks[component]
 
+    def standbys(self, component: str) -> list[Assignment]:
+        """What the standby processes of ``component`` start with on the held spares,
+        one per bundle the copied node gives the component (:mod:`clients.standby`);
+        empty when the reservation holds no spare."""
+        call = ComponentOf(job=self.job, component=component)
+        items = msgspec.msgpack.decode(
+            self.controller.call("standbys", call), type=list[Assignment]
+        )
+        mine = {"PLACECTL_CONTROLLER": self.controller.name}
+        return [msgspec.structs.replace(a, env={**a.env, **mine}) for a in items]
+
     def release(self, force: bool = False) -> bool:
         return self.controller.release(self.job, force=force)
 

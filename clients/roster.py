@@ -1,6 +1,7 @@
 """The running workers of one group, rank by rank: each rank's actor, the name a detached
 one is registered under, the tag its processes carry, the assignment it was started
-with, and the replacements started beside it ahead of a move (make before break)."""
+with, the replacements started beside it ahead of a move (make before break), and the
+standbys on held spares, promoted in place of lost ranks (:mod:`clients.standby`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from clients.launching import (
     rank_kwargs_for,
     worker_name,
 )
+from clients.standby import Standbys, key_of, promote_here, standby_name
 from controller import PlacementError
 from controller.runtime.leftovers import TAG, new_tag
 from controller.state.assignments import Assignment
@@ -69,6 +71,7 @@ class Roster:
         self.tags += [None] * (len(self.actors) - len(self.tags))
         self.prepared: dict[int, tuple[Any, Assignment, str | None, str]] = {}
         self._ready: dict[int, Any] = {}  # rank -> its replacement's __ray_ready__ ref
+        self.standbys = Standbys()
 
     def require_launch(self, what: str) -> Launch:
         if self.launch is None:
@@ -79,18 +82,19 @@ class Roster:
         return self.launch
 
     def start(
-        self, a: Assignment, world: int, name: str | None = None
+        self, a: Assignment, world: int, name: str | None = None, standby: bool = False
     ) -> tuple[Any, str | None, str]:
         """Start a worker for ``a`` (named ``name`` if detached; default the rank's
-        name); the actor, its name and its tag."""
+        name); the actor, its name and its tag. A ``standby`` is no rank: it gets the
+        constructor's common arguments only."""
         launch = self.require_launch("starting a worker")
         rank = a.placement.rank
-        extra = rank_kwargs_for(launch.rank_kwargs, world)[rank]
+        extra = {} if standby else rank_kwargs_for(launch.rank_kwargs, world)[rank]
         options = options_for(a, launch.env, launch.actor_options)
         name = name or worker_name(self.job, self.component, rank)
         tag = new_tag(a.uid, name, self.detached)
         options["runtime_env"]["env_vars"][TAG] = tag
-        if launch.per_rank_env is not None:
+        if launch.per_rank_env is not None and not standby:
             options["runtime_env"]["env_vars"].update(launch.per_rank_env(a))
         if self.detached:
             options.update(name=name, namespace=WORKER_NAMESPACE, lifetime="detached")
@@ -147,16 +151,46 @@ class Roster:
         self.names += [None] * (len(fresh) - len(self.names))
         self.tags += [None] * (len(fresh) - len(self.tags))
         ready = [r for r in ranks if r in self.prepared and self.prepared[r][1] == fresh[r]]
+        standing = {r: s for r in ranks if r not in ready and (s := self.standbys.take(fresh[r]))}
         old = [r for r in ranks if r < len(self.assignments)]
-        self.stop(old, reused={r for r in old if r not in ready})  # swapped: new names
+        swapped = set(ready) | set(standing)
+        self.stop(old, reused={r for r in old if r not in swapped})  # swapped: new names
+        promoted = {}
         for r in ranks:
             if r in ready:
                 self.actors[r], _, self.names[r], self.tags[r] = self.prepared.pop(r)
                 self._ready.pop(r, None)
+            elif r in standing:
+                self.actors[r], self.names[r], self.tags[r] = standing[r]
+                promoted[r] = self._promote(self.actors[r], fresh[r], self.tags[r])
             else:
                 self.actors[r], self.names[r], self.tags[r] = self.start(fresh[r], len(fresh))
+        ray.get(list(promoted.values()))  # each standby is its rank now
         self.drop_prepared(keep=set())
         self.assignments = list(fresh)
+
+    def _promote(self, actor, a: Assignment, tag: str):
+        """Have the standby ``actor`` become the rank of ``a`` (its ref)."""
+        launch = self.require_launch("promoting a standby")
+        env = options_for(a, launch.env, launch.actor_options)["runtime_env"]["env_vars"]
+        if tag:
+            env[TAG] = tag  # the tag its processes were started with
+        return actor.__ray_call__.remote(promote_here, env)
+
+    def refill_standbys(self, wanted: list[Assignment]) -> list:
+        """Standbys for ``wanted`` (the held spares' bundles): those whose spare is gone
+        are killed, the missing ones started; the actors started."""
+        dropped = self.standbys.drop({key_of(a) for a in wanted})
+        self.end_leftovers(dropped)
+        started = []
+        for a in wanted:
+            if key_of(a) in self.standbys.running:
+                continue
+            name = standby_name(self.job, self.component, a)
+            actor, name, tag = self.start(a, 0, name, standby=True)
+            self.standbys.running[key_of(a)] = (actor, a, name, tag)
+            started.append(actor)
+        return started
 
     def shrink(self, world: int, wait: bool = True) -> None:
         """Kill the ranks past ``world``, and their replacements if any wait; with

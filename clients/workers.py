@@ -22,6 +22,7 @@ from clients.launching import (
     worker_name,
 )
 from clients.roster import Launch, Roster
+from clients.standby import key_of
 from clients.sync import SyncResult, can_keep, plan_sync
 from controller import PlacementError
 from controller.state.assignments import Assignment
@@ -91,9 +92,14 @@ class WorkerGroup:
         )
         roster = Roster(reservation.job, component, [], [], detached, launch)
         roster.relaunch(list(range(len(assignments))), assignments)
+        group = cls(reservation, component, roster)
+        standbys = group.refill_standbys()
         if wait:
-            wait_until_ready(roster.actors, f"{reservation.job}/{component}", timeout, progress)
-        return cls(reservation, component, roster)
+            label = f"{reservation.job}/{component}"
+            wait_until_ready(roster.actors, label, timeout, progress)
+            if standbys:
+                wait_until_ready(standbys, f"{label} standbys", timeout, progress)
+        return group
 
     @classmethod
     def attach(
@@ -141,6 +147,8 @@ class WorkerGroup:
                 actor_class(worker_cls), args, kwargs, env, actor_options, rank_kwargs, leased
             )
         roster = Roster(reservation.job, component, actors, assignments, True, launch, names)
+        if reservation.spec.component(component).standby:
+            roster.standbys.find(reservation.job, component, reservation.standbys(component))
         return cls(reservation, component, roster)
 
     @property
@@ -155,6 +163,21 @@ class WorkerGroup:
 
     def __len__(self) -> int:
         return len(self._roster.actors)
+
+    @property
+    def standbys(self) -> list:
+        """The standby processes running on the reservation's held spares (a component
+        with ``standby: true``), none of them a rank: see :mod:`clients.standby`."""
+        return [s[0] for s in self._roster.standbys.running.values()]
+
+    def refill_standbys(self) -> list:
+        """Start standbys on held spares that have none, and end those whose spare the
+        reservation no longer holds (the component says ``standby: true``); the actors
+        started (not waited for). :meth:`repair` calls it; call it at a step boundary
+        to use a spare held since (the controller takes a new one after each repair)."""
+        if not self.reservation.spec.component(self.component).standby:
+            return []
+        return self._roster.refill_standbys(self.reservation.standbys(self.component))
 
     def execute_async(self, method: str, *args: Any, **kwargs: Any) -> list:
         """Call ``method`` on every rank; ObjectRefs in rank order."""
@@ -252,11 +275,18 @@ class WorkerGroup:
         pairs = enumerate(zip(self._roster.assignments, fresh, strict=True))
         moved = {r for r, (a, b) in pairs if not can_keep(a, b)}
         lost = sorted(moved | set(self.dead_ranks()))
+        # Standbys promoted below, or on a spare still held, stay; the rest go first, as
+        # they may hold resources of a bundle a relaunched rank needs.
+        keep = {key_of(fresh[r]) for r in lost}
+        if len(self._roster.standbys):
+            keep |= {key_of(a) for a in res.standbys(self.component)}
+        self._roster.end_leftovers(self._roster.standbys.drop(keep))
         self._roster.relaunch(lost, fresh)
         if lost:
             label = f"{res.job}/{self.component}"
             remaining = max(timeout - (time.monotonic() - started), 1.0)
             wait_until_ready([self._roster.actors[r] for r in lost], label, remaining, progress)
+        self.refill_standbys()
         return lost
 
     def restart(self, ranks: Sequence[int], timeout: float = 120.0) -> list[int]:
@@ -358,4 +388,5 @@ class WorkerGroup:
         if cleanup is not None and self._roster.actors:
             refs = [getattr(a, cleanup).remote() for a in self._roster.actors]
             ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        self._roster.end_leftovers(self._roster.standbys.drop(set()))
         self._roster.shrink(0, wait=False)

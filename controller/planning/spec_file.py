@@ -56,6 +56,7 @@ class _Component(_Strict):
     engine: str | None = None
     child_share: float | None = None
     topology: _Topology | None = None
+    standby: bool = False
 
 
 # Keys RLinf's own configurations carry in their cluster block that say nothing about

@@ -90,6 +90,9 @@ class ComponentSpec(msgspec.Struct, frozen=True, kw_only=True):
             that engine's own variables for placing their workers.
         child_share: fraction of an accelerator each child of an engine requests.
         topology: the segments that must each stay within one NVLink domain or rack.
+        standby: a worker group of it keeps standby processes running on the
+            reservation's held spares (``cluster.spares``), promoted in place of ranks a
+            lost node took: a repair starts no process for them.
     """
 
     name: str
@@ -102,6 +105,7 @@ class ComponentSpec(msgspec.Struct, frozen=True, kw_only=True):
     engine: str | None = None
     child_share: float | None = None
     topology: SegmentRule | None = None
+    standby: bool = False
 
     @property
     def starts_children(self) -> bool:

@@ -219,6 +219,7 @@ class PlacementController:
     verdicts = route(READS, ReadCalls.verdicts, rq.NodesOf)
     assignments = route(READS, ReadCalls.assignments, rq.ComponentOf)
     component = route(READS, ReadCalls.component, rq.ComponentOf)
+    standbys = route(READS, ReadCalls.standbys, rq.ComponentOf)
     queue = route(QUEUES, QueueCalls.queue)
     set_quota = route(QUEUES, QueueCalls.set_quota, rq.SetQuota)
     set_operator = route(QUEUES, QueueCalls.set_operator, rq.SetOperator)

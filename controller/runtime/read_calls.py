@@ -1,6 +1,7 @@
 """The controller's calls that read reservations: ``status``, ``list``, ``suspects``,
-``verdicts``, ``assignments``, ``component``. What they answer is confirmed against Ray first: never
-``ready`` while Ray reports a node of the reservation dead."""
+``verdicts``, ``assignments``, ``component``, ``standbys``. What they answer is
+confirmed against Ray first: never ``ready`` while Ray reports a node of the reservation
+dead."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from controller.runtime.liveness import SILENT_NODE
 from controller.runtime.operations import Operations
 from controller.state.records import ReservationRecord
 from controller.state.requests import ComponentOf, JobOf, NodesOf
+from controller.state.spares import standby_assignments
 from controller.state.status import summarize
 
 
@@ -51,6 +53,18 @@ class ReadCalls:
         if call.component not in published.components:
             raise PlacementError(f"unknown component {call.component!r} in {call.job!r}")
         return msgspec.msgpack.encode(published.components[call.component])
+
+    async def standbys(self, call: ComponentOf) -> bytes:
+        """The msgpack-encoded ``list[Assignment]`` the standby processes of one
+        component start with on ``job``'s held spares (empty when it holds none)."""
+        res = await self._settled(call.job)
+        if call.component not in res.world_sizes:
+            raise PlacementError(
+                f"unknown component {call.component!r} in {call.job!r}; it has "
+                f"{', '.join(res.world_sizes)}"
+            )
+        plan = (await self._state.plan(call.job)).plan
+        return msgspec.msgpack.encode(standby_assignments(res, plan, call.component))
 
     async def status(self, call: JobOf) -> bytes:
         """The encoded :class:`ReservationInfo` of ``job``: never ``ready`` while Ray

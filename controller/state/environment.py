@@ -71,6 +71,7 @@ PROTECTED = frozenset(
         "PLACECTL_BUNDLE_INDICES",
         "PLACECTL_CHILD_SHARE",
         "PLACECTL_WORKER",  # set by clients.WorkerGroup: the tag its processes inherit
+        "PLACECTL_STANDBY",  # set on a standby process until it is promoted
         # set by clients.WorkerGroup for an engine rank, from its leases
         "PLACECTL_SERVER_PORT",
         "PLACECTL_CPU_UNITS",

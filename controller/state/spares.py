@@ -16,6 +16,7 @@ from controller.planning.topology import (
     TOPO_RANK_RESOURCE,
     place_of,
 )
+from controller.state.assignments import Assignment, build_assignments
 from controller.state.plan import JobPlan
 from controller.state.records import BundleRecord, ReservationRecord
 
@@ -225,3 +226,33 @@ def held_for(
     free = {n: {} for n in fits}  # its bundles are held already: room is not the question
     node = choose_spare(dead, nodes, free, {}, exclude, selectors, keep)
     return None if node is None else fits[node.node_id]
+
+
+# Job-wide identity a standby process must not have: it is no rank until promoted, and a
+# collective formed from its environment (torch's env://) must fail, not join as another.
+_NO_RANK_YET = ("RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+STANDBY = "PLACECTL_STANDBY"
+
+
+def standby_assignments(res: ReservationRecord, plan: JobPlan, component: str) -> list[Assignment]:
+    """What the standby processes of ``component`` start with, spare by spare: the
+    ranks the copied node holds (:func:`spare_bundles`), as they would be were that
+    node's slots the held spare's group (its devices and node-local environment), less
+    the job-wide identity (``RANK``, ``MASTER_ADDR``, ...), with ``PLACECTL_STANDBY=1``.
+
+    A repair that makes the spare a lost node's slot keeps the group and its bundle
+    indices, so a standby stands in for the lost rank whose new assignment names its
+    ``(placement_group_id, bundle_index)``."""
+    rank, _ = spare_bundles(res)
+    out = []
+    for spare in res.spares:
+        others = [s for s in res.slots if s.node_rank != rank]
+        stand_in = msgspec.structs.replace(
+            res, slots=[*others, msgspec.structs.replace(spare, node_rank=rank)]
+        )
+        for a in build_assignments(stand_in, plan).get(component, []):
+            if a.placement.node_rank != rank:
+                continue
+            env = {k: v for k, v in a.env.items() if k not in _NO_RANK_YET}
+            out.append(msgspec.structs.replace(a, env={**env, STANDBY: "1"}))
+    return out

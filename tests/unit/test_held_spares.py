@@ -10,6 +10,7 @@ import pytest
 from controller.errors import SpecError
 from controller.planning.spec import load_spec
 from tests.unit.fakes import (
+    assignments,
     cluster,
     controller,
     info,
@@ -135,3 +136,34 @@ def test_release_removes_the_held_spares_and_a_restart_keeps_them():
 def test_a_bad_spares_count_names_the_key_and_the_range(bad):
     with pytest.raises(SpecError, match=r"cluster\.spares"):
         load_spec(with_spares(bad))
+
+
+def test_standbys_are_the_copied_nodes_ranks_on_the_spare_and_the_repair_names_them():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        comps = {"actor": {"placement": "0-3", "standby": True}}
+        await ctl.reserve("j", {"num_nodes": 3, "spares": 1, "component_placement": comps}, 5)
+        (spare,) = (await held(fake, "j")).spares
+        standing = assignments(await ctl.standbys("j", "actor"))
+        assert {a.placement_group_id for a in standing} == {spare.group_id}
+        devices = {i: b.physical_id for i, b in enumerate(spare.bundles)}
+        for a in standing:  # its bundle's device, and no rank
+            assert a.env["PLACECTL_STANDBY"] == "1" and "RANK" not in a.env
+            assert "MASTER_ADDR" not in a.env and "MASTER_PORT" not in a.env
+            assert a.env["CUDA_VISIBLE_DEVICES"] == str(devices[a.bundle_index])
+        fake.kill_node(stored(fake, "j").slots[0].node_id)
+        await until(lambda: (r := stored(fake, "j")).epoch == 2 and r.state == "ready")
+        repaired = assignments(await ctl.assignments("j", "actor"))
+        # Each lost rank's new bundle is a standby's: promotion needs no new process.
+        key = lambda a: (a.placement_group_id, a.bundle_index)  # noqa: E731
+        assert sorted(map(key, repaired)) == sorted(map(key, standing))
+        await ctl.stop()
+
+    run(go())
+
+
+def test_standby_with_an_engine_is_refused_by_name():
+    comps = {"rollout": {"placement": "0-3", "standby": True, "engine": "vllm"}}
+    with pytest.raises(SpecError, match=r"rollout\.standby"):
+        load_spec({"num_nodes": 2, "component_placement": comps})

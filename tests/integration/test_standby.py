@@ -1,0 +1,135 @@
+"""Warm standby on a real local cluster: the reservation holds a spare node, a worker
+group keeps standby processes there, and a node lost abruptly is repaired by promoting
+them: no process starts. Read from the processes themselves (their pids, their
+``os.environ``, Ray's runtime context in them, a gloo group formed from their
+environment alone), never from placectl's records."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import pytest
+import ray
+
+import clients
+from tests.integration.conftest import live_groups, local_cluster, wait_for
+
+JOB = "standby"
+CONF = {
+    "num_nodes": 2,  # head + one node of 4 GPUs
+    "spares": 1,
+    "component_placement": {"actor": {"placement": "0-3", "standby": True}},
+}
+LOAD_S = 2.0  # the constructor's model load, stood in for
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head (no GPUs) + three nodes of 4 fake GPUs: the job's, a held spare, and one
+    held after the first is taken."""
+    yield from local_cluster(gpu_nodes=3)
+
+
+class Worker:
+    def __init__(self) -> None:
+        time.sleep(LOAD_S)
+        self.promoted_with: dict | None = None
+
+    def on_promote(self, env: dict) -> None:
+        self.promoted_with = env
+
+    def seen(self) -> dict:
+        """What this process is, as Ray and its own environment say."""
+        ctx = ray.get_runtime_context()
+        keys = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PLACECTL_STANDBY")
+        return {
+            "pid": os.getpid(),
+            "node": ctx.get_node_id(),
+            "group": ctx.get_placement_group_id(),
+            "gpus": [int(g) for g in ray.get_gpu_ids()],
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "env": {k: os.environ.get(k) for k in keys},
+            "promoted": self.promoted_with is not None,
+        }
+
+    def all_reduce(self, generation: int) -> float:
+        import torch
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        timeout = datetime.timedelta(seconds=30)
+        dist.init_process_group("gloo", init_method="env://", timeout=timeout)
+        t = torch.tensor([float(int(os.environ["RANK"]) + 1)])
+        dist.all_reduce(t)
+        return t.item()
+
+
+def remove(cluster, node_id: str) -> None:
+    node = next(n for n in cluster.list_all_nodes() if n.node_id == node_id)
+    cluster.remove_node(node, allow_graceful=False)  # every process killed, Ray not told
+
+
+def held_spare(res) -> str:
+    """The node of the one spare the reservation holds, once it holds it."""
+    info = wait_for(lambda: (i := res.refresh()).spares and i, timeout=60)
+    (spare,) = info.spares
+    return spare.node_id
+
+
+def standbys_on(group, node: str, timeout: float = 60.0) -> list[dict]:
+    """The standbys, each as it sees itself, once four run on ``node``."""
+
+    def seen():
+        group.refill_standbys()
+        found = ray.get([a.seen.remote() for a in group.standbys], timeout=timeout)
+        return len(found) == 4 and all(s["node"] == node for s in found) and found
+
+    return wait_for(seen, timeout=timeout)
+
+
+def test_a_lost_node_is_repaired_by_promoting_its_standbys_twice(cluster):
+    ctl = clients.connect()
+    res = ctl.reserve(JOB, CONF, timeout_s=60)
+    try:
+        job_node = res.refresh().slots[0].node_id
+        spare = held_spare(res)
+        assert spare != job_node
+        group = clients.WorkerGroup.launch(res, "actor", Worker, detached=True)
+        waiting = standbys_on(group, spare)
+        for s in waiting:
+            # A standby has its bundle's device, and no rank to join a collective as.
+            assert s["env"]["PLACECTL_STANDBY"] == "1" and s["env"]["RANK"] is None
+            assert s["env"]["MASTER_ADDR"] is None and len(s["gpus"]) == 1
+            assert s["visible"] == str(s["gpus"][0])
+        assert ray.get([a.all_reduce.remote(0) for a in group.actors]) == [10.0] * 4
+
+        for lost_node, standing in ((job_node, waiting), (spare, None)):
+            if standing is None:  # the second loss: the spare held since the first
+                nxt = held_spare(res)
+                standing = standbys_on(group, nxt)
+            pids = {s["pid"] for s in standing}
+            remove(cluster, lost_node)
+            started = time.monotonic()
+            assert group.repair(timeout=120) == [0, 1, 2, 3]
+            took = time.monotonic() - started
+            ranks = ray.get([a.seen.remote() for a in group.actors])
+            # The standbys are the ranks: the same processes, no new one started.
+            assert {r["pid"] for r in ranks} == pids, (ranks, standing)
+            for r, seen in enumerate(ranks):
+                assert seen["env"]["RANK"] == str(r) and seen["env"]["WORLD_SIZE"] == "4"
+                assert seen["env"]["PLACECTL_STANDBY"] is None and seen["promoted"]
+                assert seen["node"] != lost_node
+            # The environment alone forms the group again, on the promoted processes.
+            assert ray.get([a.all_reduce.remote(1) for a in group.actors]) == [10.0] * 4
+            assert took < 60, took  # generous: the figure lives in scripts/bench
+
+        # A new driver finds the promoted ranks by name.
+        again = clients.WorkerGroup.attach(res, "actor", Worker)
+        assert [ray.get(a.seen.remote())["pid"] for a in again.actors] == [r["pid"] for r in ranks]
+        group.shutdown()
+    finally:
+        ctl.release(JOB)
+    assert not [g for g, i in live_groups().items() if f":{JOB}:" in (i.get("name") or "")]
