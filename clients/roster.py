@@ -165,7 +165,11 @@ class Roster:
                 promoted[r] = self._promote(self.actors[r], fresh[r], self.tags[r])
             else:
                 self.actors[r], self.names[r], self.tags[r] = self.start(fresh[r], len(fresh))
-        ray.get(list(promoted.values()))  # each standby is its rank now
+        for r, ref in promoted.items():  # each standby is its rank now
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:  # it died meanwhile: a start after all
+                self.actors[r], self.names[r], self.tags[r] = self.start(fresh[r], len(fresh))
         self.drop_prepared(keep=set())
         self.assignments = list(fresh)
 

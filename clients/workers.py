@@ -22,7 +22,7 @@ from clients.launching import (
     worker_name,
 )
 from clients.roster import Launch, Roster
-from clients.standby import key_of
+from clients.standby import key_of, standby_name
 from clients.sync import SyncResult, can_keep, plan_sync
 from controller import PlacementError
 from controller.state.assignments import Assignment
@@ -132,7 +132,8 @@ class WorkerGroup:
         for a in assignments:
             base = worker_name(reservation.job, component, a.placement.rank)
             found = None
-            for name in (f"{base}@{a.epoch}", base):  # a replacement made before a move
+            # a replacement made before a move, the rank's own, a standby promoted to it
+            for name in (f"{base}@{a.epoch}", base, standby_name(reservation.job, component, a)):
                 with contextlib.suppress(PlacementError):
                     found = (detached_worker(name), name)
                     break

@@ -103,7 +103,11 @@ class Holder:
             if not unfit and not fresh and len(kept) <= res.spec.spares:
                 return
             spares = (kept + fresh)[: res.spec.spares]
-            await self._records.held(res, spares)
+            try:
+                await self._records.held(res, spares)
+            except BaseException:
+                dropped.update(s.group_id for s in fresh)  # never recorded: not held
+                raise
             dropped.update(s.group_id for s in res.spares + fresh if s not in spares)
             log.info(
                 "reservation %r holds %d of %d spares (%s)",

@@ -9,6 +9,7 @@ import pytest
 
 from controller.errors import SpecError
 from controller.planning.spec import load_spec
+from controller.state.queueing import usage
 from tests.unit.fakes import (
     assignments,
     cluster,
@@ -167,3 +168,16 @@ def test_standby_with_an_engine_is_refused_by_name():
     comps = {"rollout": {"placement": "0-3", "standby": True, "engine": "vllm"}}
     with pytest.raises(SpecError, match=r"rollout\.standby"):
         load_spec({"num_nodes": 2, "component_placement": comps})
+
+
+def test_held_spares_count_in_their_queues_usage():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        await ctl.reserve("j", with_spares(1), 5)
+        rec = await held(fake, "j")
+        (used,) = usage([rec], {}, now=0.0)
+        assert used.used["GPU"] == 8  # its node's 4 and the held spare's 4
+        await ctl.stop()
+
+    run(go())
