@@ -22,7 +22,7 @@ CONF = {
     "spares": 1,
     "component_placement": {"actor": {"placement": "0-3", "standby": True}},
 }
-LOAD_S = 2.0  # the constructor's model load, stood in for
+LOAD_S = 10.0  # the constructor's model load, stood in for (scripts/bench/bench_standby.py)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,8 @@ def test_a_lost_node_is_repaired_by_promoting_its_standbys_twice(cluster):
                 assert seen["node"] != lost_node
             # The environment alone forms the group again, on the promoted processes.
             assert ray.get([a.all_reduce.remote(1) for a in group.actors]) == [10.0] * 4
-            assert took < 60, took  # generous: the figure lives in scripts/bench
+            # No rank started: faster than one start (stated 1.24 s, bench_standby.py).
+            assert took < LOAD_S, took
 
         # A new driver finds the promoted ranks by name.
         again = clients.WorkerGroup.attach(res, "actor", Worker)
