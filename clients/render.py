@@ -143,6 +143,13 @@ def render_summary(cp: ComponentPlacement) -> list[str]:
             "accelerator it holds (Assignment.child_options(i)); the child column is the "
             "share each child requests"
         )
+    if cp.spec.spares:
+        standing = [n for n in cp.components if cp.spec.component(n).standby]
+        lines.append(
+            f"spares: {cp.spec.spares} whole node(s) of the slots' kind held besides these, "
+            "each as one group with the bundles of its busiest node, counted in the quota"
+            + (f"; standbys of {', '.join(standing)} run there" if standing else "")
+        )
     hardware = sorted({p.hardware for n in cp.components for p in cp.placements(n) if p.hardware})
     if hardware:
         lines.append("hardware units are requested from Ray as: " + ", ".join(hardware))

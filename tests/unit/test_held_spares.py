@@ -181,3 +181,30 @@ def test_held_spares_count_in_their_queues_usage():
         await ctl.stop()
 
     run(go())
+
+
+def test_plan_and_status_say_what_is_held(tmp_path, capsys):
+    from clients.cli import main
+    from clients.render import render_reservation
+
+    conf = tmp_path / "c.yaml"
+    conf.write_text(
+        "cluster:\n  num_nodes: 2\n  spares: 1\n  component_placement:\n"
+        "    actor: {placement: 0-3, standby: true}\n"
+    )
+    try:
+        main(["plan", str(conf), "--nodes", "2", "--gpus-per-node", "4"])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    assert "spares: 1 whole node(s)" in capsys.readouterr().out
+
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        await ctl.reserve("j", with_spares(1), 5)
+        (spare,) = (await held(fake, "j")).spares
+        shown = render_reservation(info(await ctl.status("j")), {})
+        assert f"spares: 1 of 1 held: {spare.node_ip}" in shown
+        await ctl.stop()
+
+    run(go())
