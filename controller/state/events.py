@@ -42,6 +42,7 @@ FENCED = "fenced"  # a node placectl told Ray is dead
 DENIED = "denied"  # a node's raylet or the GCS refused placectl's own calls
 CUT_OFF = "cut_off"  # the controller reaches no majority of nodes (or again does)
 CORDON = "cordon"  # an operator cordoned, drained or uncordoned a node
+SPARES = "spares"  # the held spares changed: taken, dropped, or made a lost node's slot
 KINDS = (
     QUEUED_EV,
     ADMITTED,
@@ -59,6 +60,7 @@ KINDS = (
     DENIED,
     CUT_OFF,
     CORDON,
+    SPARES,
 )
 
 # Causes of a degradation (and of the repair that ends it): data, named where the break
@@ -172,6 +174,14 @@ def happened(
         out.append(Event(kind=APPLIED, message=what, **base))
     if new.preempt_at and not (old is not None and old.preempt_at):
         out.append(Event(kind=PREEMPTED, message=new.reason or "preempted", **base))
+    held = {s.group_id for s in new.spares}
+    if old is not None and new.settled and {s.group_id for s in old.spares} != held:
+        took = {s.group_id for s in old.spares} & {s.group_id for s in new.slots}
+        where = ", ".join(s.node_ip for s in new.spares) or "none"
+        what = f"spares: {len(new.spares)} of {new.spec.spares} held ({where})"
+        if took:
+            what += f"; {len(took)} made a lost node's slot"
+        out.append(Event(kind=SPARES, message=what, **base))
     if new.state == RELEASING and was != RELEASING:
         out.append(Event(kind=RELEASING_EV, message="releasing: removing its groups", **base))
     return out

@@ -5,10 +5,12 @@ is leaked, swept or counted twice."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from controller.errors import SpecError
 from controller.planning.spec import load_spec
+from controller.state.events import Event
 from controller.state.queueing import usage
 from tests.unit.fakes import (
     assignments,
@@ -208,3 +210,30 @@ def test_plan_and_status_say_what_is_held(tmp_path, capsys):
         await ctl.stop()
 
     run(go())
+
+
+def test_the_history_tells_when_spares_are_held_and_taken():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        await ctl.reserve("j", with_spares(1), 5)
+        await held(fake, "j")
+        fake.kill_node(stored(fake, "j").slots[0].node_id)
+        await until(lambda: (r := stored(fake, "j")).epoch == 2 and r.spares)
+
+        async def told():
+            got = msgspec.msgpack.decode(await ctl.events("j"), type=list[Event])
+            return [e.message for e in got if e.kind == "spares"]
+
+        said = await until(lambda: _len_at_least(told, 3))
+        assert said[0].startswith("spares: 1 of 1 held")
+        assert "made a lost node's slot" in said[1] and said[1].startswith("spares: 0 of 1")
+        assert said[2].startswith("spares: 1 of 1 held")
+        await ctl.stop()
+
+    run(go())
+
+
+async def _len_at_least(make, n):
+    got = await make()
+    return got if len(got) >= n else None
