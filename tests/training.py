@@ -47,22 +47,19 @@ def train(tmp_path, steps: int, faults: str, *extra: str) -> dict:
 def recoveries(events: list[dict]) -> list[dict]:
     """The events, a step's recovery as one: a recovery that failed (a group that could
     not form again: a peer's connection reset) is tried again at the step's next
-    attempt, and what every attempt relaunched or restarted counts for the step."""
+    attempt, and what every attempt relaunched, promoted or restarted counts for the
+    step."""
     out: list[dict] = []
     held: dict = {}  # what failed attempts of a step did, by step
     for e in events:
-        if e["kind"] == "recovery failed":
-            done = held.setdefault(e["step"], {"relaunched": {}, "restarted": []})
-            for c, ranks in e.get("relaunched", {}).items():
-                done["relaunched"][c] = sorted(set(done["relaunched"].get(c, [])) | set(ranks))
-            done["restarted"] = sorted(set(done["restarted"]) | set(e.get("restarted", [])))
+        if e["kind"] not in ("recovery failed", "repaired"):
+            out.append(e)
             continue
-        if e["kind"] == "repaired" and e["step"] in held:
-            done = held.pop(e["step"])
-            relaunched = dict(done["relaunched"])
-            for c, ranks in e["relaunched"].items():
-                relaunched[c] = sorted(set(relaunched.get(c, [])) | set(ranks))
-            restarted = sorted(set(done["restarted"]) | set(e["restarted"]))
-            e = {**e, "relaunched": relaunched, "restarted": restarted}
-        out.append(e)
+        done = held.setdefault(e["step"], {"relaunched": {}, "promoted": {}, "restarted": []})
+        for field in ("relaunched", "promoted"):
+            for c, ranks in e.get(field, {}).items():
+                done[field][c] = sorted(set(done[field].get(c, [])) | set(ranks))
+        done["restarted"] = sorted(set(done["restarted"]) | set(e.get("restarted", [])))
+        if e["kind"] == "repaired":
+            out.append({**e, **held.pop(e["step"])})
     return out

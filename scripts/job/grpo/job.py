@@ -28,7 +28,7 @@ import ray
 import clients
 from controller.planning.spec_edit import with_component
 from grpo import roles
-from grpo.calls import StepTimeout, cause_of, gather, split
+from grpo.calls import StepTimeout, cause_of, gather, promoted, split, standing
 from grpo.checkpoints import Checkpoints
 from grpo.protocol import MACHINE_FAULTS, Options, fault, send
 
@@ -157,6 +157,8 @@ class Job:
                     self._recover_or_say(step, e)
 
     def _before(self, step: int) -> None:
+        for group in self.groups.values():  # standbys on a spare held since (standby: true)
+            group.refill_standbys()
         self._follow_moves(step)
         if ("controller", step) in self.pending:
             self.pending.discard(("controller", step))
@@ -322,12 +324,14 @@ class Job:
             return
         self.res.wait_ready(timeout=300)
         ready = time.time()
-        self.recovered = {"relaunched": {}, "restarted": []}
+        self.recovered = {"relaunched": {}, "promoted": {}, "restarted": []}
+        before = standing(self.groups)
 
         def repair(name: str) -> list[int]:
             ranks = self.groups[name].repair(timeout=300, hung_after=HUNG_AFTER_S)
             if ranks:  # said even if another group's repair fails: these ranks are new
                 self.recovered["relaunched"][name] = ranks
+                self.recovered["promoted"].update(promoted(self.groups, {name: ranks}, before))
             return ranks
 
         relaunched = self._each(repair, list(self.groups))
@@ -344,6 +348,7 @@ class Job:
             step=step,
             cause=cause,
             relaunched={n: r for n, r in relaunched.items() if r},
+            promoted=self.recovered["promoted"],
             restarted=stuck,
             epoch=self.res.epoch,
             seconds=time.time() - started,

@@ -45,10 +45,15 @@ class Trainer:
         if torch.cuda.is_available():  # on a real GPU: the process's own first device
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         self.config = config
-        self.rank = int(os.environ["RANK"])
+        self.rank = int(os.environ.get("RANK", "-1"))  # none yet on a standby
         self.policy, self.optim = task.build(config)
         self.ddp = None
         self.checkpoints = Checkpoints(checkpoints)
+
+    def on_promote(self, env: dict) -> None:
+        """A standby made this rank (placectl's warm standby): the job's rejoin forms
+        the group and restores the shard next."""
+        self.rank = int(env["RANK"])
 
     def join(self, step: int) -> dict:
         """(Re)form the process group from the current assignment (the master may have
