@@ -10,11 +10,15 @@ restore the checkpoint). Runs alternate which goes first. For every fault it rep
 seconds from the fault to the next finished training step, and checks that every run's
 per-step metrics equal the first run's.
 
+``--modes`` picks the recoveries compared: ``placectl``, ``standby`` (placectl with a held
+spare and standby trainers and rollout workers, ``train.py --standby``: the lost ranks
+are promoted, not started) and ``baseline`` (starting over).
+
 With ``--tight-health-checks`` the cluster checks its nodes' health as the docs
 recommend (``clients.testing.machines.TIGHT_HEALTH_CHECKS``) instead of Ray's defaults.
 
 Usage: scripts/bench/bench_train_faults.py [--trials 3] [--faults crash@3,hang@6]
-                                     [--tight-health-checks]
+                                     [--modes placectl,baseline] [--tight-health-checks]
 """
 
 from __future__ import annotations
@@ -49,7 +53,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--faults", default="crash@3,hang@6")
     ap.add_argument("--tight-health-checks", action="store_true")
+    ap.add_argument("--modes", default="placectl,baseline", help="of placectl,standby,baseline")
     args = ap.parse_args()
+    modes = [m.strip() for m in args.modes.split(",")]
+    if not modes or set(modes) - {"placectl", "standby", "baseline"}:
+        raise SystemExit(f"--modes {args.modes!r}: a list of placectl, standby, baseline")
     faults = train.parse_faults(args.faults, args.steps)
     config = TrainConfig(steps=args.steps)
     out = tempfile.mkdtemp(prefix="placectl-bench-train-")
@@ -59,10 +67,10 @@ def main() -> int:
     reference, unequal = None, []
     try:
         for trial in range(args.trials):
-            modes = ["placectl", "baseline"] if trial % 2 == 0 else ["baseline", "placectl"]
-            for mode in modes:
+            for mode in modes[trial % len(modes) :] + modes[: trial % len(modes)]:
                 name = f"{mode}-{trial}"
-                record = train.run(cluster, name, config, faults, mode == "baseline", out)
+                baseline, standby = mode == "baseline", mode == "standby"
+                record = train.run(cluster, name, config, faults, baseline, out, standby)
                 for f in report.recoveries(record):
                     seconds.setdefault((f["kind"], mode), []).append(f["seconds"])
                 if reference is None:
@@ -76,18 +84,21 @@ def main() -> int:
     checks = "tighter health checks" if args.tight_health_checks else "Ray's health checks"
     print(f"\n== {args.trials} trials, {args.steps} steps, faults {args.faults}; {checks}")
     print("seconds from the fault to the next finished step (median; samples)")
-    print(f"{'fault':<16} {'placectl':<28} {'starting over':<28} ratio")
+    label = {"placectl": "placectl", "standby": "with standbys", "baseline": "starting over"}
+    print(f"{'fault':<16} " + " ".join(f"{label[m]:<28}" for m in modes))
     results = Results("train_faults", args)
+    last = modes[-1]
     for kind, _ in faults:
-        ours, theirs = seconds[(kind, "placectl")], seconds[(kind, "baseline")]
-        results.add(f"{kind}, starting over", theirs)
-        results.add(f"{kind}, placectl", ours, baseline=f"{kind}, starting over")
-        a, b = statistics.median(ours), statistics.median(theirs)
-        cells = [
-            f"{m:.2f} ({', '.join(f'{x:.2f}' for x in xs)})" for m, xs in ((a, ours), (b, theirs))
-        ]
-        print(f"{NAMES.get(kind, kind):<16} {cells[0]:<28} {cells[1]:<28} {a / b:.2f}")
-    runs = 2 * args.trials
+        cells = []
+        results.add(f"{kind}, {label[last]}", seconds[(kind, last)])
+        for mode in modes:
+            xs = seconds[(kind, mode)]
+            if mode != last:
+                results.add(f"{kind}, {label[mode]}", xs, baseline=f"{kind}, {label[last]}")
+            m = statistics.median(xs)
+            cells.append(f"{m:.2f} ({', '.join(f'{x:.2f}' for x in xs)})")
+        print(f"{NAMES.get(kind, kind):<16} " + " ".join(f"{c:<28}" for c in cells))
+    runs = len(modes) * args.trials
     print(
         f"metrics equal to the first run's: {runs - len(unequal)} of {runs} runs"
         + ("".join(f"\n  UNEQUAL {u}" for u in unequal))
