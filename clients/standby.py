@@ -27,6 +27,7 @@ from typing import Any
 import ray
 
 from clients.launching import WORKER_NAMESPACE
+from controller.runtime.leftovers import new_tag
 from controller.state.assignments import Assignment
 from controller.state.spares import STANDBY
 
@@ -72,7 +73,8 @@ class Standbys:
             name = standby_name(job, component, a)
             with contextlib.suppress(ValueError):
                 actor = ray.get_actor(name, namespace=WORKER_NAMESPACE)
-                self.running[key_of(a)] = (actor, a, name, "")
+                # A detached worker's tag follows from its name (clients.roster).
+                self.running[key_of(a)] = (actor, a, name, new_tag(a.uid, name, True))
 
     def drop(self, keep: set[Key]) -> list[tuple[Assignment, str]]:
         """Kill the standbys not in ``keep``; their assignments and tags, for the

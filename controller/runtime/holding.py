@@ -63,6 +63,8 @@ class Holder:
 
     def due(self, res: ReservationRecord) -> bool:
         """Whether ``res`` should take or drop a held spare now."""
+        if not res.spec.spares and not res.spares:
+            return False  # the common case, every tick: nothing to look at
         if res.state != READY or res.repair != AUTO or res.applying is not None:
             return False
         if time.monotonic() < self._after.get(res.job, 0.0):
