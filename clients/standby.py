@@ -38,6 +38,11 @@ def key_of(a: Assignment) -> Key:
     return (a.placement_group_id, a.bundle_index)
 
 
+def held_groups(reservation: Any) -> set[str]:
+    """The placement groups of the spares ``reservation`` holds now (one GCS read)."""
+    return {s.group_id for s in reservation.controller.record(reservation.job).spares}
+
+
 def standby_name(job: str, component: str, a: Assignment) -> str:
     """The name of a detached standby in the bundle of ``a`` (namespace
     ``placectl-workers``); a promoted one keeps it."""

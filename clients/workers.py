@@ -22,7 +22,7 @@ from clients.launching import (
     worker_name,
 )
 from clients.roster import Launch, Roster
-from clients.standby import key_of, standby_name
+from clients.standby import held_groups, key_of, standby_name
 from clients.sync import SyncResult, can_keep, plan_sync
 from controller import PlacementError
 from controller.state.assignments import Assignment
@@ -175,8 +175,11 @@ class WorkerGroup:
         """Start standbys on held spares that have none, and end those whose spare the
         reservation no longer holds (the component says ``standby: true``); the actors
         started (not waited for). :meth:`repair` calls it; call it at a step boundary
-        to use a spare held since (the controller takes a new one after each repair)."""
+        to use a spare held since (the controller takes a new one after each repair):
+        one GCS read when the held spares did not change."""
         if not self.reservation.spec.component(self.component).standby:
+            return []
+        if held_groups(self.reservation) == {key[0] for key in self._roster.standbys.running}:
             return []
         return self._roster.refill_standbys(self.reservation.standbys(self.component))
 
@@ -280,7 +283,8 @@ class WorkerGroup:
         # they may hold resources of a bundle a relaunched rank needs.
         keep = {key_of(fresh[r]) for r in lost}
         if len(self._roster.standbys):
-            keep |= {key_of(a) for a in res.standbys(self.component)}
+            held = held_groups(res)
+            keep |= {key for key in self._roster.standbys.running if key[0] in held}
         self._roster.end_leftovers(self._roster.standbys.drop(keep))
         self._roster.relaunch(lost, fresh)
         if lost:

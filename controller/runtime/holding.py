@@ -51,7 +51,7 @@ class Holder:
         self._tasks = ctx.tasks
         self._after: dict[str, float] = {}  # job -> when it may be tried again
         self._making: dict[str, set[str]] = {}  # job -> names of groups being made
-        self.short: dict[str, str] = {}  # job -> why it holds fewer than it asks
+        self._short: dict[str, str] = {}  # job -> why it holds fewer (logged once)
 
     def making(self) -> set[str]:
         """Names of spare groups being made (not orphans)."""
@@ -131,16 +131,18 @@ class Holder:
             log.warning("dropped spares of %r not removed yet: %s", job, sorted(left))
 
     async def _take(self, res: ReservationRecord, kept: list[SlotRecord], n: int) -> list:
-        """Up to ``n`` new held spares on free nodes, placed and probed; the reason in
-        :attr:`short` when fewer. Every group made is removed if this fails."""
+        """Up to ``n`` new held spares on free nodes, placed and probed; why there are
+        fewer is logged once. Every group made is removed if this fails."""
         if n <= 0:
-            self.short.pop(res.job, None)
+            self._short.pop(res.job, None)
             return []
         rank, bundles = spare_bundles(res)
         need = need_of(bundles)
         self._nodes.set_all(await self._io.nodes())
-        live = [n for n in self._nodes.view(res.spec.accelerator).nodes]
-        live = [n for n in live if n.node_id not in self._nodes.draining]
+        draining = self._nodes.draining
+        live = [
+            n for n in self._nodes.view(res.spec.accelerator).nodes if n.node_id not in draining
+        ]
         free = await self._io.free_resources()
         taken = res.node_ids() | {s.node_id for s in kept}
         selectors = selectors_for(res, rank)
@@ -162,13 +164,16 @@ class Holder:
             )
         if len(fresh) < n:
             wants = ", ".join(f"{k} {v:g}" for k, v in sorted(need.items()))
-            self.short[res.job] = (
+            why = (
                 f"holds {len(kept) + len(fresh)} of {res.spec.spares} spares: no other free "
                 f"node of the kind of node rank {rank} with {wants}"
             )
+            if self._short.get(res.job) != why:  # said once, not at every retry
+                log.warning("reservation %r %s; it takes one when a node joins", res.job, why)
+            self._short[res.job] = why
             self._after[res.job] = time.monotonic() + self.settings.repair_retry
         else:
-            self.short.pop(res.job, None)
+            self._short.pop(res.job, None)
         if not fresh:
             return []
         self._making[res.job] = {s.group_name for s in fresh}

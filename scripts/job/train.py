@@ -56,8 +56,8 @@ nothing, relaunch every worker, restore); ``--compare`` runs without faults firs
 checks that the faulted run's per-step metrics are equal.
 
 Usage: scripts/job/train.py [--steps 40] [--seed 0] [--faults SPEC] [--compare]
-                        [--baseline] [--rollout policy|vllm] [--plot reward.png]
-                        [--json out.json]
+                        [--baseline] [--standby] [--rollout policy|vllm]
+                        [--plot reward.png] [--json out.json]
 """
 
 from __future__ import annotations
