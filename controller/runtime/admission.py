@@ -23,7 +23,7 @@ import msgspec
 
 from controller.errors import PlacementError, ReservationTimeout
 from controller.planning.components import ComponentPlacement, choose_floating_nodes
-from controller.runtime import groups
+from controller.runtime import groups, tasks
 from controller.runtime.context import Context
 from controller.runtime.stewards import Trigger
 from controller.runtime.tasks import to_the_end
@@ -102,20 +102,20 @@ class Admitter:
     async def tick(self) -> None:
         """Release preempted reservations whose deadline passed; run a pass if something
         changed or the recheck period passed."""
-        now, queued = time.time(), False
+        now, queued = tasks.wall(), False
         for res in list(self._state.records.values()):  # one pass per tick
             if res.preempt_at and res.preempt_at <= now:
                 self._tasks.start("release preempted", res.job, self._release_preempted(res.job))
             queued = queued or res.state == QUEUED
         if not queued:
             return
-        if self._dirty or time.monotonic() - self._last >= RECHECK_PERIOD_S:
+        if self._dirty or tasks.now() - self._last >= RECHECK_PERIOD_S:
             await self.admit()
 
     async def admit(self) -> queueing.Decision:
         """Decide once, and let the admitted reservations go."""
         self._dirty = False
-        self._last = time.monotonic()
+        self._last = tasks.now()
         free = await self._io.free_resources()
         started = time.perf_counter()
         for need in self._admitted.values():  # admitted, groups not created yet
@@ -162,7 +162,7 @@ class Admitter:
             if res is None or res.preempt_at or not res.preemptible or not res.slots:
                 return
             grace = res.preempt_grace or self._grace
-            deadline = time.time() + grace
+            deadline = tasks.wall() + grace
             at = time.strftime("%H:%M:%S", time.localtime(deadline))
             reason = f"preempted for {waiter!r}: released at {at}"
             await self._records.preempted(res, deadline, reason)
@@ -224,7 +224,7 @@ class Admitter:
             nodes = {nr: view.nodes[nr] for nr in plan.node_ranks()}
             slots = plan_slots(plan, spec, nodes, self._prefix)
             groups.refuse_if_it_never_fits(self._nodes, f"reservation {job!r}", slots)
-        now = time.time()
+        now = tasks.wall()
         record = ReservationRecord(
             job=job,
             uid=secrets.token_hex(6),
@@ -280,7 +280,7 @@ class Admitter:
         self.wake()
         try:
             while not event.is_set():
-                remaining = deadline - time.monotonic()
+                remaining = deadline - tasks.now()
                 if remaining <= 0:
                     pos, why = self.why(job) or (0, "not decided yet")
                     raise ReservationTimeout(

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 from typing import Any
 
 import msgspec
@@ -30,7 +29,7 @@ import msgspec
 from controller.errors import ReservationError
 from controller.planning.components import ComponentPlacement, choose_floating_nodes
 from controller.planning.spec_edit import with_component
-from controller.runtime import groups
+from controller.runtime import groups, tasks
 from controller.runtime.checks import Checker
 from controller.runtime.context import Context
 from controller.runtime.leasing import Leaser
@@ -111,7 +110,7 @@ class Applier:
         await self._checker.confirm([job])
 
         async def step() -> ApplySummary:
-            started = time.monotonic()
+            started = tasks.now()
             res = self._state.require(job)
             if caller is not None:
                 caller.may(res, what)

@@ -30,11 +30,11 @@ import inspect
 import logging
 import os
 import re
-import time
 from collections.abc import Callable
 from typing import Any
 
 from controller.errors import ReservationError, TableUnreadable
+from controller.runtime import tasks
 from controller.runtime.change_calls import ChangeCalls
 from controller.runtime.context import FAULT_STEPS, Context, Incarnation, SimulatedCrash
 from controller.runtime.diagnostics import DiagnosticCalls
@@ -278,15 +278,18 @@ class PlacementController:
         last_try = float("-inf")  # an unreadable table is read again at the first tick
         ops.liveness.start()
         while not self._incarnation.dead:
-            await ops.checker.idle(self.settings.reconcile_period)
+            if ready.refusal is None:
+                await ops.checker.idle(self.settings.reconcile_period)
+            else:  # node events go unread while refused: idle() would end at once, a spin
+                await asyncio.sleep(self.settings.reconcile_period)
             try:
                 self._io.metrics.table_readable(ready.refusal is None)
                 if ready.refusal is None:
                     await ops.reconciler.tick()
                     await ops.admitter.tick()
                     self._report()
-                elif asyncio.get_running_loop().time() - last_try >= self.settings.refusal_retry:
-                    last_try = asyncio.get_running_loop().time()
+                elif tasks.now() - last_try >= self.settings.refusal_retry:
+                    last_try = tasks.now()
                     await self._retry_unreadable()
             except Exception:
                 log.exception("reconcile tick failed; the next one will run")
@@ -294,12 +297,12 @@ class PlacementController:
     def _report(self) -> None:
         """The gauges that move with time (how long the oldest has waited) and with
         quotas, every ``settings.metrics_period``."""
-        now = time.monotonic()
+        now = tasks.now()
         if now - self._reported < self.settings.metrics_period:
             return
         self._reported = now
         records = self._state.records.values()
-        self._io.metrics.queues(usage(records, self._state.quotas, time.time()))
+        self._io.metrics.queues(usage(records, self._state.quotas, tasks.wall()))
 
     async def _retry_unreadable(self) -> None:
         try:

@@ -20,8 +20,8 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import time
 
+from controller.runtime import tasks
 from controller.runtime.io import CREATED, ClusterIO
 from controller.runtime.node_view import ClusterNodes
 from controller.state.wants import Want
@@ -81,7 +81,7 @@ class Demand:
         if held is not None and self._held.get(key) and _same_but_avoid(held, want):
             return  # only nodes that joined since differ: the groups asked stand (one of
             # those may be the node they asked for, its resources not reported yet)
-        if time.monotonic() - self._placed_at.get(key, float("-inf")) < self._grace:
+        if tasks.now() - self._placed_at.get(key, float("-inf")) < self._grace:
             return  # a node joined for this key a moment ago: its owner uses it first
         await self.withdraw(key)
         ids: list[str] = []
@@ -115,7 +115,7 @@ class Demand:
                     held[k] = held.get(k, 0.0) + v
         if not freed:
             return False
-        self._placed_at[key] = time.monotonic()
+        self._placed_at[key] = tasks.now()
         self.met += 1
         await self.withdraw(key)
         self._nodes.set_all(await self._io.nodes())
@@ -126,8 +126,8 @@ class Demand:
     async def _wait_free(self, freed: dict[str, dict[str, float]]) -> None:
         """Until Ray reports each node's ``freed`` resources available (it does so a
         moment after a removal), at most ``free_wait``."""
-        deadline = time.monotonic() + self._free_wait
-        while time.monotonic() < deadline:
+        deadline = tasks.now() + self._free_wait
+        while tasks.now() < deadline:
             free = await self._io.free_resources()
             if all(
                 free.get(node, {}).get(k, 0.0) + 1e-9 >= v

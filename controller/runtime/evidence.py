@@ -37,10 +37,10 @@ Pure helpers and one awaited fan-out; imports no Ray.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
+from controller.runtime import tasks
 from controller.runtime.answers import DENIED, OK, REFUSED
 from controller.runtime.io import ClusterIO
 from controller.runtime.tasks import Tasks
@@ -113,7 +113,7 @@ class Witnessing:
             self._tasks.start("witness", node, self._ask(node, address, chosen))
 
     async def _ask(self, node: str, address: str, chosen: list[str]) -> None:
-        asked_at = time.monotonic()
+        asked_at = tasks.now()
         silent, heard = await confirmed(
             self._io, chosen, {node: address}, self._timeout, self._ways
         )

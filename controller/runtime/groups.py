@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Container, Iterable
 
 import msgspec
@@ -14,6 +13,7 @@ import msgspec
 from controller.errors import ReservationError, ReservationInfeasible, ReservationTimeout
 from controller.planning.cluster import ClusterView
 from controller.planning.node_groups import ACCELERATOR
+from controller.runtime import tasks
 from controller.runtime.demand import Demand
 from controller.runtime.io import CREATED, REMOVED, ClusterIO, GroupInfo
 from controller.runtime.node_view import ClusterNodes
@@ -62,10 +62,10 @@ async def wait_for_nodes(
                 if asked is not None:
                     message += f"; asked the autoscaler for {asked.describe()}"
             say(message)
-            if time.monotonic() - last_log > PROGRESS_LOG_PERIOD_S:
+            if tasks.now() - last_log > PROGRESS_LOG_PERIOD_S:
                 log.info("%s: %s", job, message)
-                last_log = time.monotonic()
-            if time.monotonic() >= deadline:
+                last_log = tasks.now()
+            if tasks.now() >= deadline:
                 raise ReservationTimeout(
                     f"reservation {job!r} timed out: the cluster has {view.num_nodes} alive "
                     f"nodes, the configuration needs num_nodes={spec.num_nodes}"
@@ -173,10 +173,10 @@ async def create_and_wait(
                     raise
                 created[nxt] = gid
                 out[nxt] = msgspec.structs.replace(s, group_id=gid)
-                remaining = max(deadline - time.monotonic(), 0.0)
+                remaining = max(deadline - tasks.now(), 0.0)
                 waits[asyncio.ensure_future(io.wait_group(gid, remaining))] = nxt
                 nxt += 1
-            remaining = deadline - time.monotonic()
+            remaining = deadline - tasks.now()
             if stuck or remaining <= 0:
                 pending = sorted(stuck + list(waits.values())) + list(range(nxt, len(out)))
                 raise ReservationTimeout(
@@ -204,9 +204,9 @@ async def create_and_wait(
                     f"{await diagnose(io, out, pending[:4], held_by)}"
                 )
                 say(message)
-                if time.monotonic() - last_log > PROGRESS_LOG_PERIOD_S:
+                if tasks.now() - last_log > PROGRESS_LOG_PERIOD_S:
                     log.info("%s: %s", job, message)
-                    last_log = time.monotonic()
+                    last_log = tasks.now()
             elif len(out) > max_in_flight and done:
                 say(f"placed {placed} of {len(out)} node slots")
     finally:
@@ -244,22 +244,22 @@ async def probe(
 
     if not slots:
         return []
-    remaining = max(deadline - time.monotonic(), 1.0)
-    tasks = [asyncio.ensure_future(one_slot(s)) for s in slots]
+    remaining = max(deadline - tasks.now(), 1.0)
+    probes = [asyncio.ensure_future(one_slot(s)) for s in slots]
     try:
         _, pending = await asyncio.wait(
-            tasks, timeout=remaining, return_when=asyncio.FIRST_EXCEPTION
+            probes, timeout=remaining, return_when=asyncio.FIRST_EXCEPTION
         )
-        failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception()]
+        failed = [t for t in probes if t.done() and not t.cancelled() and t.exception()]
         if failed:
             raise failed[0].exception()
         if pending:
             raise ReservationTimeout(f"reservation {job!r} timed out while probing accelerator ids")
-        return [t.result() for t in tasks]
+        return [t.result() for t in probes]
     finally:
-        for t in tasks:
+        for t in probes:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*probes, return_exceptions=True)
 
 
 def broken_slots(
@@ -294,12 +294,12 @@ async def remove_verified(io: ClusterIO, ids: set[str], timeout: float) -> set[s
             await io.remove_group(gid)
         except Exception as e:  # removal is idempotent; verification decides
             log.info("removing group %s: %s", gid, e)
-    deadline = time.monotonic() + timeout
+    deadline = tasks.now() + timeout
     delay = 0.02
     while True:
         states = await io.groups(sorted(ids))
         left = {g for g in ids if g in states and states[g].state != REMOVED}
-        if not left or time.monotonic() >= deadline:
+        if not left or tasks.now() >= deadline:
             return left
         await asyncio.sleep(delay)
         delay = min(delay * 2, 1.0)

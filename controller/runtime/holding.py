@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 
-from controller.runtime import groups
+from controller.runtime import groups, tasks
 from controller.runtime.context import Context
 from controller.runtime.io import CREATED
 from controller.runtime.stewards import Trigger
@@ -67,7 +66,7 @@ class Holder:
             return False  # the common case, every tick: nothing to look at
         if res.state != READY or res.repair != AUTO or res.applying is not None:
             return False
-        if time.monotonic() < self._after.get(res.job, 0.0):
+        if tasks.now() < self._after.get(res.job, 0.0):
             return False
         return len(res.spares) != res.spec.spares or bool(self._unfit(res))
 
@@ -123,7 +122,7 @@ class Holder:
             await self._stewards.run(job, Trigger.HOLD, step)
         except Exception as e:
             log.warning("holding spares for %r failed, will retry: %s", job, e)
-            self._after[job] = time.monotonic() + self.settings.repair_retry
+            self._after[job] = tasks.now() + self.settings.repair_retry
         finally:
             self._making.pop(job, None)
         left = await groups.remove_verified(self._io, dropped, self.settings.removal_timeout)
@@ -171,14 +170,14 @@ class Holder:
             if self._short.get(res.job) != why:  # said once, not at every retry
                 log.warning("reservation %r %s; it takes one when a node joins", res.job, why)
             self._short[res.job] = why
-            self._after[res.job] = time.monotonic() + self.settings.repair_retry
+            self._after[res.job] = tasks.now() + self.settings.repair_retry
         else:
             self._short.pop(res.job, None)
         if not fresh:
             return []
         self._making[res.job] = {s.group_name for s in fresh}
         created: dict[int, str] = {}
-        deadline = time.monotonic() + self.settings.repair_timeout
+        deadline = tasks.now() + self.settings.repair_timeout
         try:
             fresh = await groups.create_and_wait(
                 self._io, res.job, fresh, deadline, lambda m: None, created

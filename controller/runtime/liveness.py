@@ -40,10 +40,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 
-from controller.runtime import evidence
+from controller.runtime import evidence, tasks
 from controller.runtime.answers import DENIED, OK, REFUSED
 from controller.runtime.channels import CallDenied
 from controller.runtime.context import Context
@@ -102,7 +101,7 @@ class Liveness:
             # A sweep every period: one that waited out a silent raylet's timeout
             # counts toward it, so a silence is seen as often as an answer.
             await asyncio.sleep(max(self.settings.liveness_period - took, 0.0))
-            started = time.monotonic()
+            started = tasks.now()
             try:
                 watched = self.watched()
                 doubts = (self._silent_since, self._refused_at, self._retry_at, self.answers)
@@ -116,7 +115,7 @@ class Liveness:
                 raise
             except Exception:
                 log.exception("raylet health sweep failed; the next one will run")
-            took = time.monotonic() - started
+            took = tasks.now() - started
 
     def watched(self) -> set[str]:
         """The alive nodes holding a slot of a settled reservation, but the head."""
@@ -131,7 +130,7 @@ class Liveness:
         """Ask each node's raylet once, and a few others beside them (the quorum,
         :mod:`controller.runtime.evidence`); start the fence of those certainly gone (a
         caller waits for it with :meth:`fences`). Returns the nodes whose fence runs."""
-        started = time.monotonic()
+        started = tasks.now()
         if not node_ids:
             return set()
         asked = set(node_ids) | set(self._bystanders(node_ids))
@@ -145,7 +144,7 @@ class Liveness:
         why: dict[str, str] = {}
         ways = {n: self.settings.looks for n in addresses if n in self._silent_since}
         got = await self._io.node_answers(addresses, self.settings.liveness_timeout, why, ways)
-        now = time.monotonic()
+        now = tasks.now()
         self.answers.update({n: a for n, a in got.items() if n in node_ids})
         self._judge_self(sum(a in REACHED for a in got.values()), len(got))
         fencing = set()
@@ -241,7 +240,7 @@ class Liveness:
         time), and trust it again once it does."""
         if evidence.cut_off(reached, asked):
             if self.cut_off is None:
-                self.cut_off = {"since": time.time(), "reached": reached, "asked": asked}
+                self.cut_off = {"since": tasks.wall(), "reached": reached, "asked": asked}
                 self._io.metrics.fence("withheld")
                 what = (
                     f"the controller reaches {reached} of {asked} node(s) it asked: it "
@@ -251,7 +250,7 @@ class Liveness:
                 self._state.told(ev.cut_off(what))
             return
         if self.cut_off is not None:
-            lasted = time.time() - self.cut_off["since"]
+            lasted = tasks.wall() - self.cut_off["since"]
             self.cut_off = None
             what = f"the controller reaches {reached} of {asked} node(s) again after {lasted:.1f}s"
             log.warning("%s", what)
@@ -280,7 +279,7 @@ class Liveness:
         ``unknown`` (it refuses placectl's calls, or the controller suspects itself),
         ``alive`` (it answered, or it is not watched: the head, a node without slots)."""
         watched = self.watched() if self.cut_off is not None else set()
-        now = time.monotonic()
+        now = tasks.now()
         out = {}
         for n in node_ids:
             refused = self._refused_at.get(n)
@@ -309,7 +308,7 @@ class Liveness:
         if node in self.fenced:
             return ""
         if self._tasks.get("fence", node) is None:
-            if time.monotonic() < self._retry_at.get(node, (0.0, 0))[0]:
+            if tasks.now() < self._retry_at.get(node, (0.0, 0))[0]:
                 return ""
             self._tasks.start("fence", node, self._fence_once(node, why))
         return node
@@ -329,7 +328,7 @@ class Liveness:
                 self._refused_us(GCS, str(e))
             failures = self._retry_at.get(node, (0.0, 0))[1] + 1
             delay = min(_RETRY_FIRST * 2 ** (failures - 1), _RETRY_MOST)
-            self._retry_at[node] = (time.monotonic() + delay, failures)
+            self._retry_at[node] = (tasks.now() + delay, failures)
             self.fence_failures += 1
             if not isinstance(e, CallDenied):  # a refusal is counted once, as denied
                 self._io.metrics.fence("failed")

@@ -4,9 +4,8 @@
 
 from __future__ import annotations
 
-import time
-
 from controller.errors import ReservationError
+from controller.runtime import tasks
 from controller.runtime.history import acting_as, client
 from controller.runtime.operations import Operations
 from controller.runtime.queue_calls import operator_may
@@ -37,7 +36,11 @@ class NodeCalls:
         )
         info = self._nodes.info(node)
         cordon = Cordon(
-            node_id=node, ip=info.ip if info else "", drain=call.drain, why=call.why, at=time.time()
+            node_id=node,
+            ip=info.ip if info else "",
+            drain=call.drain,
+            why=call.why,
+            at=tasks.wall(),
         )
         with acting_as(client(owner_hash(call.token), forced)):
             await self._state.set_cordon(node, cordon, cordon.shown())

@@ -3,11 +3,10 @@ who may change quotas, and the event history."""
 
 from __future__ import annotations
 
-import time
-
 import msgspec
 
 from controller.errors import NotOwner
+from controller.runtime import tasks
 from controller.runtime.history import acting_as, client
 from controller.runtime.operations import Operations
 from controller.state.owners import owner_hash
@@ -90,7 +89,7 @@ class QueueCalls:
         reservations hold and how many wait (``""``: reservations made without a queue,
         which no quota limits)."""
         return msgspec.msgpack.encode(
-            usage(self._state.records.values(), self._state.quotas, time.time())
+            usage(self._state.records.values(), self._state.quotas, tasks.wall())
         )
 
     async def events(self, call: EventsSince) -> bytes:

@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 
-from controller.runtime import groups
+from controller.runtime import groups, tasks
 from controller.runtime.checks import Checker
 from controller.runtime.context import Context
 from controller.runtime.holding import Holder
@@ -85,7 +85,7 @@ class Reconciler:
             else:
                 await self._checker.check(job, table)
         await self._remove_orphans(table)
-        self._last_full = time.monotonic()
+        self._last_full = tasks.now()
         log.info(
             "recovered %d reservation(s)%s",
             len(self._state.records),
@@ -165,7 +165,7 @@ class Reconciler:
 
     async def _refresh(self, full: bool | None) -> tuple[bool, bool]:
         """Step 1: whether this pass is full, and whether a node joined."""
-        now = time.monotonic()
+        now = tasks.now()
         await self._checker.drain_events()
         joined = self._checker.take_joined()
         if full is None:
@@ -194,7 +194,7 @@ class Reconciler:
         if joined:
             self._repairer.retry_now()  # a spare may have arrived: try at once
             self._holder.retry_now()
-        draining, now = set(self._nodes.draining), time.time()
+        draining, now = set(self._nodes.draining), tasks.wall()
         for job, res in list(self._state.records.items()):
             if self._stewards.busy(job) or self._reserver.in_progress(job):
                 continue
@@ -251,7 +251,7 @@ class Reconciler:
         # One idle worker per node answers that node's probes; starting it off the
         # reserve path saves a worker start per node. Only nodes with something left to
         # reserve are warmed, at most warm_budget per tick, each once per warm_period.
-        now = time.monotonic()
+        now = tasks.now()
         period = self.settings.warm_period
         held: dict[str, int] = {}
         for res in self._state.records.values():

@@ -13,13 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from typing import Any
 
 import msgspec
 
 from controller.errors import NotOwner, ReservationTimeout
-from controller.runtime import groups
+from controller.runtime import groups, tasks
 from controller.runtime.checks import Checker
 from controller.runtime.context import Context
 from controller.runtime.io import CREATED
@@ -82,7 +81,7 @@ class Repairer:
                 res = self._checker.truthful(self._state.require(job))
                 if res.state == READY:
                     return res
-                left = deadline - time.monotonic()
+                left = deadline - tasks.now()
                 if left <= 0:
                     raise ReservationTimeout(
                         f"reservation {job!r} is degraded and was not repaired in time: "
@@ -96,13 +95,13 @@ class Repairer:
 
     def schedule(self, job: str) -> None:
         """Repair ``job`` in the background, unless one runs or it waits to retry."""
-        if time.monotonic() >= self._after.get(job, 0.0):
+        if tasks.now() >= self._after.get(job, 0.0):
             self._tasks.start("repair", job, self._run(job))
 
     def schedule_move(self, job: str) -> None:
         """Move ``job``'s slots off draining nodes in the background (see :meth:`move`),
         unless a move or repair of it runs or it waits to retry."""
-        if time.monotonic() >= self._after.get(job, 0.0):
+        if tasks.now() >= self._after.get(job, 0.0):
             self._tasks.start("move", job, self.move(job))
 
     async def move(self, job: str) -> None:
@@ -125,7 +124,7 @@ class Repairer:
                     new, why, stale, want = await self._replace_slots(res, holds, draining)
                     await self._demand.want(f"spare/{job}", want)
                     if new is not None:
-                        now = time.time()
+                        now = tasks.wall()
                         leaving = [
                             LeavingGroup(
                                 group_id=s.group_id,
@@ -145,7 +144,7 @@ class Repairer:
                     self._leaser.drop_holds(holds)
                     self._making.pop(job, None)
                 if new is None:
-                    self._after[job] = time.monotonic() + self.settings.repair_retry
+                    self._after[job] = tasks.now() + self.settings.repair_retry
                     if why and why != res.reason:
                         log.warning("reservation %r stays where it is: %s", job, why)
                         await self._records.explained(res, why)
@@ -161,14 +160,14 @@ class Repairer:
             await groups.remove_verified(self._io, stale, self.settings.removal_timeout)
         except Exception:
             log.exception("moving %r off draining nodes failed; will try again", job)
-            self._after[job] = time.monotonic() + self.settings.repair_retry
+            self._after[job] = tasks.now() + self.settings.repair_retry
 
     async def drop_leaving(self, job: str) -> None:
         """Remove the leaving groups of ``job`` whose time came (their deadline passed,
         or their node is gone), and forget them."""
 
         async def step() -> None:
-            res, now = self._state.get(job), time.time()
+            res, now = self._state.get(job), tasks.wall()
             due = [
                 x
                 for x in (res.leaving if res is not None else [])
@@ -219,7 +218,7 @@ class Repairer:
                     self._leaser.drop_holds(holds)
                     self._making.pop(job, None)
                 if new is None:
-                    self._after[job] = time.monotonic() + self.settings.repair_retry
+                    self._after[job] = tasks.now() + self.settings.repair_retry
                     if res.repair == MANUAL and why:
                         why += f"; repair policy is manual: run `placectl repair {job}`"
                     if why and why != res.reason:
@@ -241,7 +240,7 @@ class Repairer:
             raise
         except Exception:
             log.exception("repairing %r failed; will try again", job)
-            self._after[job] = time.monotonic() + self.settings.repair_retry
+            self._after[job] = tasks.now() + self.settings.repair_retry
 
     async def _replace_slots(
         self, res: ReservationRecord, holds: list, draining: dict[str, float] | None = None
@@ -340,7 +339,7 @@ class Repairer:
         ]
         await self._demand.withdraw(f"spare/{res.job}")  # it must not take the spares
         created: dict[int, str] = {}
-        deadline = time.monotonic() + self.settings.repair_timeout
+        deadline = tasks.now() + self.settings.repair_timeout
         self._making[res.job] = {s.group_name for s in fresh}
         try:
             fresh = await groups.create_and_wait(

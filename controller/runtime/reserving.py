@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from typing import Any
 
 import msgspec
@@ -29,7 +28,7 @@ from controller.errors import (
 )
 from controller.planning.components import ComponentPlacement, choose_floating_nodes
 from controller.planning.spec_edit import describe_difference
-from controller.runtime import groups, leftovers
+from controller.runtime import groups, leftovers, tasks
 from controller.runtime.admission import Admitter
 from controller.runtime.checks import Checker
 from controller.runtime.context import Context
@@ -97,7 +96,7 @@ class Reserver:
         before, is recorded ``queued`` and placed whole when its turn comes (see
         :mod:`controller.state.queueing`); on timeout or cancellation it leaves the queue.
         """
-        started = time.monotonic()
+        started = tasks.now()
         await self._checker.confirm([job])
 
         async def step() -> ReservationRecord | None:
@@ -164,7 +163,7 @@ class Reserver:
             self._progress.clear(job)
             if queued is not None:
                 self.admitter.done(job)
-        self._io.metrics.reserve_latency(time.monotonic() - started)
+        self._io.metrics.reserve_latency(tasks.now() - started)
         return res
 
     async def place_admitted(self, job: str) -> None:
@@ -176,7 +175,7 @@ class Reserver:
             if queued is None or queued.state != QUEUED:
                 return
             self._tasks.adopt("reserve", job)
-            deadline = time.monotonic() + self.settings.admitted_place_timeout
+            deadline = tasks.now() + self.settings.admitted_place_timeout
             try:
                 await self._create(job, queued.spec, deadline, queued.repair, queued)
             except Exception as e:
@@ -212,7 +211,7 @@ class Reserver:
         queued: ReservationRecord | None = None,
         terms: Terms = NO_TERMS,
     ) -> ReservationRecord:
-        entered = time.monotonic()
+        entered = tasks.now()
         before = self._state.get(job)  # none, or this job's queued record
         say = lambda m: self._progress.say(job, m)  # noqa: E731
         view = await groups.wait_for_nodes(
@@ -239,7 +238,7 @@ class Reserver:
             world_sizes=plan.world_sizes(),
             state=PENDING,
             repair=policy,
-            created_at=time.time(),
+            created_at=tasks.wall(),
             queued_at=queued.queued_at if queued else 0.0,
             **msgspec.structs.asdict(Terms.of(queued) if queued else terms),
         )
@@ -252,7 +251,7 @@ class Reserver:
         created: dict[int, str] = {}
         holds: list = []
         try:
-            t0 = time.monotonic()
+            t0 = tasks.now()
             slots = await groups.create_and_wait(
                 self._io,
                 job,
@@ -266,12 +265,12 @@ class Reserver:
             crash_point("after_create")
             record = msgspec.structs.replace(record, slots=slots)
             crash_point("after_ready")
-            t1 = time.monotonic()
+            t1 = tasks.now()
             say("probing accelerator ids")
             slots = await groups.probe(self._io, job, slots, spec.accelerator, deadline)
             record = msgspec.structs.replace(record, slots=slots)
             crash_point("after_probe")
-            t2 = time.monotonic()
+            t2 = tasks.now()
             record = await self._leaser.lease_masters(record, plan, holds)
             published = publish(record, plan)  # node-group env clashes surface here
             ready = msgspec.structs.replace(record, state=READY)

@@ -1,4 +1,5 @@
-"""Every task the controller runs beside its calls, in one registry: what ``stop()`` ends.
+"""Every task the controller runs beside its calls, in one registry: what ``stop()`` ends;
+and the one clock they read.
 
 Operations start their background work here (the loop, a repair, a preemption, an orphan
 sweep, the raylet watch, a fence) and register the calls another call may have to cancel
@@ -10,10 +11,32 @@ and a key, and one runs per name at a time, so "is the repair of ``j`` running?"
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine
 from typing import Any
 
 Name = tuple[str, str]  # (kind, key)
+
+
+def now() -> float:
+    """The controller's monotonic clock: its event loop's ``time()``.
+
+    Every deadline, period and backoff of the controller reads this (or waits with
+    ``asyncio.sleep``, which reads the same clock), so the event loop is the clock to
+    inject: in production it is the monotonic clock, and a test that runs the controller
+    on ``clients.testing.virtual_time`` skips its idle waits. Outside a running loop
+    (a thread's work), the monotonic clock."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
+
+
+def wall() -> float:
+    """Seconds since the epoch, as the loop's clock moves them: for deadlines kept in
+    records (a drain's, a preemption's grace), which must read as real times across
+    restarts, and must pass with the loop's clock in a virtual-time test."""
+    return time.time() + (now() - time.monotonic())
 
 
 async def to_the_end(coro: Coroutine[Any, Any, Any]) -> Any:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 
 import msgspec
 
+from clients.testing import virtual_time
 from clients.testing.fake_cluster import FakeCluster
 from clients.testing.legacy import v1_table
 from controller.runtime.controller import PlacementController
@@ -33,19 +33,21 @@ def spec(placement: str = "0-3", num_nodes: int = 3, **more) -> dict:
 
 
 def run(coro):
-    return asyncio.run(coro)
+    """Run ``coro`` on a virtual-time loop: the controller's waits pass at once."""
+    return virtual_time.run(coro)
 
 
 async def until(predicate, timeout: float = 5.0, interval: float = 0.005):
     """Poll ``predicate`` (plain or async) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
     while True:
         value = predicate()
         if asyncio.iscoroutine(value):
             value = await value
         if value:
             return value
-        if time.monotonic() > deadline:
+        if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         await asyncio.sleep(interval)
 

@@ -161,6 +161,36 @@ def test_modules_stay_small():
     assert {n: s for n, s in sizes.items() if s > 400} == {}
 
 
+# The clock itself; code that runs in a node's own process, where no loop is the clock;
+# and the history's timestamps, a label for people that no deadline reads.
+REAL_CLOCK = {
+    "controller/runtime/tasks.py",
+    "controller/runtime/leftovers.py",
+    "controller/state/events.py",
+}
+
+
+def test_the_controller_reads_time_only_through_its_loop():
+    """Every deadline of the controller reads ``tasks.now()`` or ``tasks.wall()`` (its
+    event loop's clock), so a test's virtual-time loop is its whole clock: one
+    ``time.monotonic()`` left would be a deadline that never passes in such a test."""
+    reads = []
+    for path in sources("controller"):
+        rel = str(path.relative_to(ROOT))
+        if rel in REAL_CLOCK or rel.startswith("controller/planning/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "time"
+                and node.func.attr in ("time", "monotonic")
+            ):
+                reads.append(f"{rel}:{node.lineno}")
+    assert reads == []
+
+
 # The one abstract method: each placement strategy says how it assigns ranks.
 ABSTRACT = {("controller/planning/strategies/base.py", "assign")}
 
