@@ -15,7 +15,7 @@ def running_cluster_view(accelerator: str = "GPU") -> ClusterView | None:
             ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError):
             return None
-    from controller.runtime.node_view import live_view
-    from controller.runtime.ray_io import node_infos
+    from controller.runtime.core.nodes import live_view
+    from controller.runtime.edge.ray_io import node_infos
 
     return live_view(node_infos(), accelerator)

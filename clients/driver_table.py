@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import ray
 
-from controller.runtime import gcs_wait
-from controller.runtime.ray_gcs import gcs_unavailable
+from controller.runtime.edge import ray_gcs
+from controller.runtime.edge.ray_gcs import gcs_unavailable
 from controller.state.table import KV_NAMESPACE, kv_prefix
 
 
@@ -19,7 +19,7 @@ class RayTable:
     object with these three methods (``clients.testing.fake_table.DriverTable``).
 
     While the GCS is away (the head restarting) every read waits for it, saying so on
-    ``say`` (default stderr), up to :func:`controller.runtime.gcs_wait.bound_s`; then it
+    ``say`` (default stderr), up to :func:`controller.runtime.edge.ray_gcs.bound_s`; then it
     raises :class:`~controller.errors.ClusterUnavailable`.
     """
 
@@ -34,7 +34,7 @@ class RayTable:
 
     def get(self, k: bytes) -> bytes | None:
         full = self._prefix + k
-        return gcs_wait.retry(
+        return ray_gcs.retry(
             lambda t: self._gcs().internal_kv_get(full, self._ns, timeout=t),
             "reading the reservation table",
             self._say,
@@ -43,7 +43,7 @@ class RayTable:
 
     def keys(self, prefix: bytes) -> list[bytes]:
         full = self._prefix + prefix
-        found = gcs_wait.retry(
+        found = ray_gcs.retry(
             lambda t: self._gcs().internal_kv_keys(full, self._ns, timeout=t),
             "reading the reservation table",
             self._say,
@@ -59,7 +59,7 @@ class RayTable:
         from ray._raylet import NodeID
 
         wanted = [NodeID.from_hex(n) for n in node_ids]
-        alive = gcs_wait.retry(
+        alive = ray_gcs.retry(
             lambda t: self._gcs().check_alive(wanted, t),
             "asking which nodes are alive",
             self._say,

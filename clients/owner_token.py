@@ -5,7 +5,7 @@ Resolved once per client, in this order: the ``token`` given to ``connect``; the
 manage the same jobs); the file ``~/.config/placectl/token`` (``PLACECTL_TOKEN_FILE``
 overrides the path), created with a random token on first use and readable by its user
 only. So one user's drivers and CLI on one machine, and restarted drivers, own what they
-reserved. The controller keeps only a hash of it (:mod:`controller.state.owners`).
+reserved. The controller keeps only a hash of it (:mod:`controller.state.change`).
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ import msgspec
 
 from clients.transport import ActorClient
 from controller.state.events import Event
+from controller.state.published import QueueEntry
 from controller.state.queueing import QueueUsage
 from controller.state.requests import EventsSince, SetOperator, SetQuota
-from controller.state.status import QueueEntry
 
 _ENTRIES = msgspec.msgpack.Decoder(list[QueueEntry])
 _USAGE = msgspec.msgpack.Decoder(list[QueueUsage])

@@ -19,10 +19,9 @@ from controller.errors import (
 )
 from controller.state.assignments import Assignment
 from controller.state.lease_requests import LeaseCores, LeasePorts, ReleasePorts
-from controller.state.published import ComponentBlock
+from controller.state.published import ComponentBlock, ReservationInfo, summarize
 from controller.state.records import DEGRADED, READY, ReservationRecord, with_dead_nodes
 from controller.state.requests import ComponentOf
-from controller.state.status import ReservationInfo, summarize
 
 if TYPE_CHECKING:
     from clients.session import Controller

@@ -20,7 +20,7 @@ from clients.launching import (
 )
 from clients.standby import Standbys, key_of, promote_here, standby_name
 from controller import PlacementError
-from controller.runtime.leftovers import TAG, new_tag
+from controller.runtime.edge.node_tasks import TAG, new_tag
 from controller.state.assignments import Assignment
 
 

@@ -24,11 +24,10 @@ from controller.errors import (
     TableUnreadable,
     UnknownReservation,
 )
-from controller.runtime.io import HEAD_RESOURCE
-from controller.state.published import ComponentBlock
+from controller.runtime.edge import HEAD_RESOURCE
+from controller.state.published import ComponentBlock, ReservationInfo
 from controller.state.records import AUTO, ReservationRecord
 from controller.state.requests import Everyone, JobOf, NodesOf, Owned, Reserve, check_job
-from controller.state.status import ReservationInfo
 from controller.state.table import (
     LEGACY_KEY,
     META,
@@ -77,7 +76,7 @@ def connect(
         SettingsError: ``settings`` names an unknown setting or a value it does not take.
     """
     check_ray_version(ray.__version__)
-    from controller.runtime.settings import by_name
+    from controller.runtime.core.settings import by_name
 
     carried = by_name(settings or {})
     if not ray.is_initialized():

@@ -27,7 +27,7 @@ from typing import Any
 import ray
 
 from clients.launching import WORKER_NAMESPACE
-from controller.runtime.leftovers import new_tag
+from controller.runtime.edge.node_tasks import new_tag
 from controller.state.assignments import Assignment
 from controller.state.spares import STANDBY
 

@@ -6,10 +6,10 @@ defaults) when the whole node dies abruptly, hangs or is cut off. Meanwhile ther
 evidence on two levels, and :func:`settle` reads both:
 
 * the **node**: the controller's verdict on each node of the job (``verdicts``:
-  ``alive``, ``silent``, ``dead``, ``unknown``; :mod:`controller.runtime.liveness`),
+  ``alive``, ``silent``, ``dead``, ``unknown``; :mod:`controller.runtime.steps.liveness`),
   which fences a node whose raylet is gone once the evidence holds;
 * the **rank**: whether its worker process answers a health check
-  (:mod:`controller.runtime.answers`).
+  (:mod:`controller.runtime.edge.answers`).
 
 A rank's verdict is final when Ray reports it dead; when it answers on a node that is
 not dead; when it refuses placectl's credentials (``denied``: nothing known of the
@@ -38,8 +38,8 @@ from typing import Any
 
 import ray
 
-from controller.runtime.answers import DENIED, DOUBT_WAYS, OK, REFUSED, answers
-from controller.runtime.liveness import ALIVE, DEAD  # the controller's verdicts
+from controller.runtime.edge.answers import DENIED, DOUBT_WAYS, OK, REFUSED, answers
+from controller.runtime.steps.liveness import ALIVE, DEAD  # the controller's verdicts
 
 ANSWER_TIMEOUT_S = 1.0
 _told_denied: set[str] = set()  # the refusals this process has reported already
@@ -159,7 +159,7 @@ def settle(
     (default ``within``) for the lost (:func:`lost`). Returns the hung ranks: those
     still waiting then that do not answer (silent, or refusing connections) on a node
     the controller calls alive. ``ask_nodes()`` gives the controller's verdict by node id
-    (it fences what the evidence condemns, :mod:`controller.runtime.liveness`);
+    (it fences what the evidence condemns, :mod:`controller.runtime.steps.liveness`);
     ``ask_ranks(ranks)`` each rank's answer; ``dead()`` the ranks Ray reports dead."""
     started = clock()
     left = sorted(ranks)

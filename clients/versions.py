@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from controller import PlacementError
-from controller.version import version
+from controller import PlacementError, version
 
 # Ray before 2.60 kills, at its first task, a process whose visible devices are set from
 # its runtime environment and are fewer than the node's (an IndexError in Ray's

@@ -4,17 +4,21 @@
   strategies, component placement);
 * ``controller.state``: the persisted records and their pure derivations (slots,
   assignments, the worker environment, the port ledger, status, storage format);
-* ``controller.runtime``: the Ray edge (the controller actor, cluster I/O, reconcile,
-  repair, leasing, probe, metrics).
+* ``controller.runtime``: the controller actor, in layers of its own (the Ray edge, the
+  core, the steps, the calls).
 
 Importing this package never imports Ray, and loads nothing until a name is used: the
 planning API below is usable for dry runs on a laptop and unit tests in milliseconds,
-and a probe worker that imports ``controller.runtime.probe`` pays for nothing else.
+and a probe worker that imports ``controller.runtime.edge.node_tasks`` pays for little
+else.
+
+:func:`version`: placectl's version, the installed package's, else this source tree's.
 """
 
 from __future__ import annotations
 
 import importlib
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
@@ -53,41 +57,6 @@ _EXPORTS = {
     "load_spec": "controller.planning.spec",
 }
 
-__all__ = [
-    "AcceleratorUse",
-    "ClusterSpec",
-    "ClusterUnavailable",
-    "ClusterView",
-    "ColocationError",
-    "ComponentPlacement",
-    "ComponentSpec",
-    "ControllerNotFound",
-    "FlexiblePlacementStrategy",
-    "NodeGroup",
-    "NodePlacementStrategy",
-    "NodeView",
-    "NotOwner",
-    "PackedPlacementStrategy",
-    "PersistenceError",
-    "Placement",
-    "PlacementError",
-    "PlacementStrategy",
-    "PlacementStringError",
-    "ReservationCancelled",
-    "ReservationConflict",
-    "ReservationDegraded",
-    "ReservationError",
-    "ReservationInfeasible",
-    "ReservationTimeout",
-    "SettingsError",
-    "SpecError",
-    "StaleChange",
-    "StaleReservation",
-    "StridedPlacementStrategy",
-    "TableUnreadable",
-    "UnknownReservation",
-    "load_spec",
-]
 
 if TYPE_CHECKING:
     from controller.errors import (
@@ -136,3 +105,51 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
+
+
+SOURCE_VERSION = "0.1.0"  # pyproject.toml's [project] version; a test keeps them equal
+
+
+def version() -> str:
+    """The version of the placectl this process runs."""
+    try:
+        return metadata.version("placectl")
+    except metadata.PackageNotFoundError:
+        return SOURCE_VERSION
+
+
+__all__ = [
+    "AcceleratorUse",
+    "ClusterSpec",
+    "ClusterUnavailable",
+    "ClusterView",
+    "ColocationError",
+    "ComponentPlacement",
+    "ComponentSpec",
+    "ControllerNotFound",
+    "FlexiblePlacementStrategy",
+    "NodeGroup",
+    "NodePlacementStrategy",
+    "NodeView",
+    "NotOwner",
+    "PackedPlacementStrategy",
+    "PersistenceError",
+    "Placement",
+    "PlacementError",
+    "PlacementStrategy",
+    "PlacementStringError",
+    "ReservationCancelled",
+    "ReservationConflict",
+    "ReservationDegraded",
+    "ReservationError",
+    "ReservationInfeasible",
+    "ReservationTimeout",
+    "SettingsError",
+    "SpecError",
+    "StaleChange",
+    "StaleReservation",
+    "StridedPlacementStrategy",
+    "TableUnreadable",
+    "UnknownReservation",
+    "load_spec",
+]

@@ -15,9 +15,8 @@ import click
 import msgspec
 
 from clients import exit_codes
-from controller import PlacementError
+from controller import PlacementError, version
 from controller.errors import ClusterUnavailable
-from controller.version import version
 
 _DEBUG = False
 FORMATS = ("table", "json", "yaml")
@@ -119,7 +118,7 @@ def connect(address: str, start: bool = False, settings: dict[str, str] | None =
     import ray
 
     import clients
-    from controller.runtime.settings import by_name
+    from controller.runtime.core.settings import by_name
 
     by_name(settings or {})  # a bad --set fails before any cluster is reached
     root = click.get_current_context().find_root().params

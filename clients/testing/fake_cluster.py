@@ -21,7 +21,7 @@ import msgspec
 
 from clients.testing.fake_network import FakeNetwork
 from clients.testing.fake_placement import FakeFault, FakeGroup, FakeNode, place, usable
-from controller.runtime.io import (
+from controller.runtime.edge import (
     CREATED,
     HEAD_RESOURCE,
     PENDING,

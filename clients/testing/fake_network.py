@@ -1,7 +1,7 @@
 """The fake cluster's network (:class:`clients.testing.fake_cluster.FakeCluster` holds it):
 nodes cut off both ways, single paths down, and what a node sees of the others' raylets
 from where it stands, the controller's own node or a witness's
-(:mod:`controller.runtime.evidence`)."""
+(:mod:`controller.runtime.core.evidence`)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from controller.runtime.io import PENDING, NodeInfo
+from controller.runtime.edge import PENDING, NodeInfo
 
 
 class FakeFault(RuntimeError):

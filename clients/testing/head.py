@@ -30,7 +30,7 @@ import time
 import ray
 from ray.cluster_utils import Cluster
 
-from controller.runtime.channels import TEST_HOOKS
+from controller.runtime.edge.answers import TEST_HOOKS
 
 
 def free_port() -> int:

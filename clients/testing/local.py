@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from controller.runtime.channels import TEST_HOOKS
+from controller.runtime.edge.answers import TEST_HOOKS
 
 HEAD = {"num_cpus": 2, "num_gpus": 0}
 GPUS_PER_NODE = 4

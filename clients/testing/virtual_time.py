@@ -1,6 +1,6 @@
 """An asyncio event loop whose clock skips idle waits: the controller tested without waiting.
 
-The controller reads time only through its event loop (``controller.runtime.tasks.now``
+The controller reads time only through its event loop (``controller.runtime.core.now``
 and ``wall``, ``asyncio.sleep``, ``asyncio.wait_for``), so the loop is its clock: run it
 on :class:`VirtualTimeLoop` and a health check's seconds of silence, a drain's deadline
 or a repair's backoff pass as soon as nothing else is left to run. The loop's clock is

@@ -13,7 +13,7 @@ import time
 import psutil
 
 from clients.testing.tiny_model import EXTENSION, PROMPT, TOKENS, weights
-from controller.runtime.leftovers import alive
+from controller.runtime.edge.node_tasks import alive
 
 # What a Ray node that runs these ranks needs in its environment.
 ENV = {

@@ -5,7 +5,7 @@ call (:func:`route`) to the object that answers its kind. What the
 controller knows lives in one owner; what it does is done by its operations:
 
 * ``state``: the mirror of the table, and the only way to change it (write ahead, one
-  commit at a time per job, each on the record it read: :mod:`controller.runtime.state`);
+  commit at a time per job, each on the record it read: :mod:`controller.runtime.core.state`);
 * ``ops`` (:class:`Operations`): the checker, leaser, repairer, reserver (and its queue),
   applier, reconciler and the raylet watch, made once from one :class:`Context`;
 * the calls: :class:`ChangeCalls`, :class:`ReadCalls`, :class:`QueueCalls`,
@@ -34,29 +34,22 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.errors import ReservationError, TableUnreadable
-from controller.runtime import tasks
-from controller.runtime.change_calls import ChangeCalls
-from controller.runtime.context import FAULT_STEPS, Context, Incarnation, SimulatedCrash
-from controller.runtime.diagnostics import DiagnosticCalls
-from controller.runtime.history import History
-from controller.runtime.io import ClusterIO
-from controller.runtime.node_calls import NodeCalls
-from controller.runtime.operations import Operations
-from controller.runtime.queue_calls import QueueCalls
-from controller.runtime.read_calls import ReadCalls
-from controller.runtime.readiness import Readiness
-from controller.runtime.reconcile import Reconciler
-from controller.runtime.settings import Settings, from_environ
-from controller.runtime.state import ReservationState
-from controller.runtime.store import Store
-from controller.runtime.tasks import Tasks
+from controller.runtime import core
+from controller.runtime.changes import ChangeCalls, NodeCalls, QueueCalls
+from controller.runtime.core import Tasks
+from controller.runtime.core.context import FAULT_STEPS, Context, Incarnation, SimulatedCrash
+from controller.runtime.core.settings import Settings, from_environ
+from controller.runtime.core.state import ReservationState
+from controller.runtime.core.store import History, Store
+from controller.runtime.edge import ClusterIO
+from controller.runtime.reads import DiagnosticCalls, ReadCalls, Readiness
+from controller.runtime.steps import Operations
+from controller.runtime.steps.reconcile import Reconciler
 from controller.state import lease_requests as lq
 from controller.state import requests as rq
 from controller.state.queueing import usage
 from controller.state.records import GROUP_PREFIX
 from controller.state.table import KV_NAMESPACE, kv_prefix
-
-__all__ = ["FAULT_STEPS", "PlacementController", "SimulatedCrash"]
 
 log = logging.getLogger("placectl.controller")
 
@@ -127,7 +120,7 @@ class PlacementController:
       (the call fails, memory still equals the table). A reservation is recorded
       ``pending`` before any group exists and ``releasing`` before any is removed. The
       state owner (:class:`ReservationState`) is the only way to change anything, and
-      every change of a record is one of those :mod:`~controller.runtime.transitions`
+      every change of a record is one of those :mod:`~controller.runtime.core.stewards`
       names, committed on the record it was built from: the rule holds in one place.
     * **Idempotent calls.** Reserving a job again with the same spec returns it,
       releasing an absent job does nothing, a lease is found again by its name or
@@ -163,7 +156,7 @@ class PlacementController:
     Args:
         name: the actor's name; it prefixes group names and the table's namespace.
         io: the cluster; default the real one (Ray). Unit tests pass a FakeCluster.
-        settings: timing and pacing (:class:`~controller.runtime.settings.Settings`);
+        settings: timing and pacing (:class:`~controller.runtime.core.settings.Settings`);
             default: the defaults, with what the process's ``PLACECTL_*`` variables set.
     """
 
@@ -179,7 +172,7 @@ class PlacementController:
             )
         real = io is None
         if io is None:
-            from controller.runtime.ray_io import RayClusterIO
+            from controller.runtime.edge.ray_io import RayClusterIO
 
             io = RayClusterIO(KV_NAMESPACE, kv_prefix(name))
         self.settings = settings or from_environ(os.environ)
@@ -288,8 +281,8 @@ class PlacementController:
                     await ops.reconciler.tick()
                     await ops.admitter.tick()
                     self._report()
-                elif tasks.now() - last_try >= self.settings.refusal_retry:
-                    last_try = tasks.now()
+                elif core.now() - last_try >= self.settings.refusal_retry:
+                    last_try = core.now()
                     await self._retry_unreadable()
             except Exception:
                 log.exception("reconcile tick failed; the next one will run")
@@ -297,12 +290,12 @@ class PlacementController:
     def _report(self) -> None:
         """The gauges that move with time (how long the oldest has waited) and with
         quotas, every ``settings.metrics_period``."""
-        now = tasks.now()
+        now = core.now()
         if now - self._reported < self.settings.metrics_period:
             return
         self._reported = now
         records = self._state.records.values()
-        self._io.metrics.queues(usage(records, self._state.quotas, tasks.wall()))
+        self._io.metrics.queues(usage(records, self._state.quotas, core.wall()))
 
     async def _retry_unreadable(self) -> None:
         try:
@@ -320,3 +313,6 @@ class PlacementController:
             await asyncio.wait_for(self._state.write_history(), last)
         self._ops.ctx.stewards.stop()
         self._tasks.stop()
+
+
+__all__ = ["FAULT_STEPS", "PlacementController", "SimulatedCrash"]

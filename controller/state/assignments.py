@@ -71,7 +71,7 @@ class Assignment(msgspec.Struct, kw_only=True, frozen=True):
     def _strategy(self, bundle_index: int, capture: bool) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from controller.runtime.ray_io import group_handle
+        from controller.runtime.edge.ray_io import group_handle
 
         return PlacementGroupSchedulingStrategy(
             placement_group=group_handle(self.placement_group_id),

@@ -1,6 +1,6 @@
 """What happened to reservations, as ``placectl events`` shows it: pure, no Ray.
 
-Every change of a reservation goes through one commit (:mod:`controller.runtime.state`),
+Every change of a reservation goes through one commit (:mod:`controller.runtime.core.state`),
 so what happened is read off the record before and after it: :func:`happened` compares
 the two and names the transition (reserved, degraded, repaired with its cause, moved off
 a draining node, admitted, preempted, applied, released). Nothing at a call site says
@@ -13,17 +13,22 @@ import time
 
 import msgspec
 
-from controller.state.causes import (  # noqa: F401  (re-exported: the events' causes)
+from controller.state.records import (  # noqa: F401  (re-exported: the events' causes)
     CAUSES,
+    DEGRADED,
     DRAIN,
     GROUP_REMOVED,
     GROUP_UNPLACED,
     NODE_LOST,
     OTHER,
+    PENDING,
+    QUEUED,
+    READY,
+    RELEASING,
     Cause,
+    ReservationRecord,
     legacy_cause,
 )
-from controller.state.records import DEGRADED, PENDING, QUEUED, READY, RELEASING, ReservationRecord
 
 # Kinds, in the order a reservation meets them.
 QUEUED_EV = "queued"
@@ -64,7 +69,7 @@ KINDS = (
 )
 
 # Causes of a degradation (and of the repair that ends it): data, named where the break
-# is found (controller.state.causes).
+# is found (controller.state.records).
 
 CONTROLLER = "controller"  # who acted when no client did (the control loop)
 

@@ -1,4 +1,5 @@
-"""The persisted records of a reservation.
+"""The persisted records: a reservation and its slots, why one is degraded (its cause),
+and the nodes an operator cordoned.
 
 A reservation holds placement groups called slots, each on one node: a new reservation
 has one per node it uses, and ``apply`` adds a slot beside the kept ones when a node's
@@ -12,16 +13,36 @@ Only additive changes (new fields with defaults) keep ``SCHEMA_VERSION``; anythi
 raises it and adds a migration in :mod:`controller.state.table`. Version 3: a node may
 hold several slots, a record may carry an ``applying`` intent, and a published rank
 carries the epoch it was last changed in (version 2 records read as version 3).
+
+**Causes**: why a reservation is degraded, as data.
+
+A cause is named once, where the break is found (:func:`controller.runtime.core.groups.broken_slots`
+for each slot, the drain watch for a move), and carried from there: by the record while it
+is degraded (``ReservationRecord.cause``; its human reason may change as a repair goes on,
+the cause does not), by the ``degraded`` and ``repaired`` events, and by the metrics'
+``cause`` label. Nothing reads a cause back out of a message, but for records written
+before the cause was kept (:func:`legacy_cause`).
+
+**Cordons**: nodes an operator took out of placement (``placectl cordon``, ``placectl drain``).
+
+A cordoned node gets no new slot: no plan, spare or repair picks it, while the slots
+already there stay. A drained one is cordoned and, besides, every reservation with a
+slot there moves off it, make before break, as for Ray's own drain (a spot notice): the
+replacement is placed and ready before the old group goes. Unlike Ray's drain, the node
+stays in the cluster for other work, and ``placectl uncordon`` gives it back.
+
+Kept in the table (one key per node), so a controller restart keeps them.
 """
 
 from __future__ import annotations
+
+import enum
 
 import msgspec
 
 from controller.planning.cluster import NodeView
 from controller.planning.node_groups import ACCELERATOR
 from controller.planning.spec import ClusterSpec
-from controller.state.causes import NODE_LOST
 from controller.state.leases import MASTER, CoreLease, PortLease
 
 SCHEMA_VERSION = 3
@@ -129,7 +150,7 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
             ``apply`` grew it).
         world_sizes: processes per component, in configuration order.
         state, reason: queued | pending | ready | degraded | releasing, and why.
-        cause: why it is degraded, as data (:mod:`controller.state.causes`); kept while
+        cause: why it is degraded, as data (:mod:`controller.state.records`); kept while
             it is degraded, whatever its reason says as a repair goes on.
         repair: ``auto`` (replace lost slots at once) or ``manual`` (wait for
             ``repair(job)``).
@@ -141,7 +162,7 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
             none), its priority there (higher first) and when it joined (wall clock,
             first come first served within a priority). Kept once admitted.
         owner: a hash of the creating client's token; "" when anyone may change it
-            (see :mod:`controller.state.owners`).
+            (see :mod:`controller.state.change`).
         preemptible: a queued reservation of higher priority may take it back.
         preempt_grace: how long it keeps running once preempted (0: the controller's
             default).
@@ -164,7 +185,7 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
     world_sizes: dict[str, int] = {}
     state: str = PENDING
     reason: str = ""
-    cause: str = ""  # why it is degraded (controller.state.causes); "" when it is not
+    cause: str = ""  # why it is degraded (controller.state.records); "" when it is not
     repair: str = AUTO
     created_at: float = 0.0
     leases: list[PortLease] = []
@@ -220,3 +241,143 @@ def with_dead_nodes(record: ReservationRecord, dead: set[str]) -> ReservationRec
         reason=f"Ray reports node {named} dead; its slot is not replaced yet",
         cause=NODE_LOST,
     )
+
+
+class Cause(enum.StrEnum):
+    """Why a slot is broken. A member is its string (records, events and the metrics'
+    label carry the string), so a record read back compares equal to its cause."""
+
+    NODE_LOST = "node-lost"  # the slot's node is dead (Ray's verdict, or placectl's fence)
+    GROUP_REMOVED = "group-removed"  # its placement group was removed behind placectl's back
+    GROUP_UNPLACED = "group-unplaced"  # Ray reports its group neither CREATED nor REMOVED
+    DRAIN = "drain"  # its node is being drained: moved make before break
+    OTHER = "other"  # anything else (records from before causes were kept included)
+
+    @classmethod
+    def of(cls, value: str) -> Cause:
+        """The cause a record carries; one this version does not know is ``OTHER``."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.OTHER
+
+
+NODE_LOST, GROUP_REMOVED, GROUP_UNPLACED, DRAIN, OTHER = Cause
+CAUSES = tuple(Cause)
+
+OWN_NODE = "own node"  # the slot is made again where it was
+SPARE = "spare"  # on a spare node of the same kind; without one, the autoscaler is asked
+
+
+class Response(msgspec.Struct, frozen=True):
+    """What a repair does about a broken slot of one cause."""
+
+    replace_on: str  # OWN_NODE or SPARE: where the slot is made again
+    why: str  # for people: why that is the answer
+
+
+# The one table of what each cause gets. A slot whose cause says OWN_NODE goes to a spare
+# anyway when its node no longer takes slots (it died or started draining meanwhile).
+RESPONSES: dict[Cause, Response] = {
+    NODE_LOST: Response(SPARE, "its node is gone"),
+    GROUP_REMOVED: Response(OWN_NODE, "its node still holds the room the group had"),
+    GROUP_UNPLACED: Response(OWN_NODE, "its node is alive; the group is made again there"),
+    DRAIN: Response(SPARE, "its node is going: the slot moves before the deadline"),
+    OTHER: Response(SPARE, "nothing says its node is sound"),
+}
+
+
+class Broken(msgspec.Struct, frozen=True):
+    """One broken slot: its cause and a line for people."""
+
+    cause: Cause
+    why: str
+
+
+def legacy_cause(reason: str) -> Cause:
+    """The cause of a degraded record written before causes were kept, from its reason
+    (the wording :func:`~controller.runtime.core.groups.broken_slots` used then)."""
+    if " is dead" in reason or " dead;" in reason:
+        return NODE_LOST
+    if " was removed" in reason:
+        return GROUP_REMOVED
+    if "placement group is " in reason:
+        return GROUP_UNPLACED
+    return OTHER
+
+
+class Cordon(msgspec.Struct, frozen=True, kw_only=True):
+    """One node out of placement, and why.
+
+    Attributes:
+        node_id: the node (Ray's id).
+        ip: its address when cordoned, as operators name nodes.
+        drain: its slots move off too (not only new ones kept away).
+        why: the operator's reason, shown in ``placectl status`` and the history.
+        at: when (wall-clock seconds).
+    """
+
+    node_id: str
+    ip: str = ""
+    drain: bool = False
+    why: str = ""
+    at: float = 0.0
+
+    def where(self) -> str:
+        """``10.0.0.3 (1a2b3c4d5e6f)``."""
+        return f"{self.ip} ({self.node_id[:12]})" if self.ip else self.node_id[:12]
+
+    def shown(self) -> str:
+        """``10.0.0.3 (1a2b3c4d5e6f) drained: a GPU throws Xid 79``."""
+        how = "drained" if self.drain else "cordoned"
+        return f"node {self.where()} {how}" + (f": {self.why}" if self.why else "")
+
+
+def resolve(name: str, nodes: dict[str, str], what: str = "alive") -> str:
+    """The node id ``name`` names among ``nodes`` (node id -> address), the ``what``
+    nodes: a full id, a unique prefix of one (8 characters at least), or an address
+    held by one node.
+
+    Raises:
+        ValueError: no node, or more than one, answers to ``name``; the message says
+            what names are taken.
+    """
+    if name in nodes:
+        return name
+    by_ip = [n for n, ip in nodes.items() if ip == name]
+    if len(by_ip) == 1:
+        return by_ip[0]
+    if len(by_ip) > 1:
+        ids = ", ".join(sorted(n[:12] for n in by_ip))
+        raise ValueError(
+            f"node {name!r}: {len(by_ip)} {what} nodes have that address ({ids}); "
+            "name one by its id"
+        )
+    if len(name) >= 8:
+        by_id = [n for n in nodes if n.startswith(name)]
+        if len(by_id) == 1:
+            return by_id[0]
+        if len(by_id) > 1:
+            raise ValueError(f"node {name!r}: the prefix of {len(by_id)} node ids; give more of it")
+    raise ValueError(
+        f"node {name!r}: no {what} node has that id or address; expected a node id (or its "
+        "first 8 characters or more) or an address, as `ray list nodes` shows them"
+    )
+
+
+__all__ = [
+    "CAUSES",
+    "DRAIN",
+    "GROUP_REMOVED",
+    "GROUP_UNPLACED",
+    "NODE_LOST",
+    "OTHER",
+    "OWN_NODE",
+    "RESPONSES",
+    "SPARE",
+    "Broken",
+    "Cause",
+    "Cordon",
+    "Response",
+    "resolve",
+]

@@ -8,7 +8,7 @@ exist), so it states its demand as placement groups of its own shape that can on
 placed on a node that does not exist yet: each bundle's label selector excludes the live
 nodes that could hold it. Ray then reports them as pending demand, the autoscaler adds
 nodes for them, and once one is placed a node has joined for it (see
-:mod:`controller.runtime.demand`, which holds them).
+:mod:`controller.runtime.core.nodes`, which holds them).
 
 Which shape:
 

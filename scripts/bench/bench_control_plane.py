@@ -32,7 +32,7 @@ from harness import Results, local_cluster, parser
 from clients.testing.fake_cluster import FakeCluster, Latency
 from clients.testing.fake_table import DriverTable
 from controller.runtime.controller import PlacementController
-from controller.runtime.settings import Settings
+from controller.runtime.core.settings import Settings
 
 GPUS = 8
 RAY = Latency(

@@ -8,7 +8,7 @@ processes on the head look at the worker's raylet every ``liveness_period`` with
 ``liveness_timeout``, as the controller's sweep does, side by side on the same link:
 
 * ``one``: every look over the one kept connection (placectl before ``looks``);
-* ``placectl``: the rule of ``controller.runtime.liveness``: one connection while the
+* ``placectl``: the rule of ``controller.runtime.steps.liveness``: one connection while the
   node answers, ``looks`` connections at once from its first silent look on (and a
   stalled one replaced when another answers);
 * a number N: N connections at every look.
@@ -35,14 +35,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 from harness import Results, parser
 
 from clients.testing import hosts as harness
-from controller.runtime.settings import Settings
+from controller.runtime.core.settings import Settings
 
 RULE = Settings()
 
 
 def probe(address: str, mode: str, seconds: float) -> None:
     """Look at ``address`` as ``mode`` says for ``seconds``; one JSON line per look."""
-    from controller.runtime.answers import OK, answers
+    from controller.runtime.edge.answers import OK, answers
 
     doubt, end = False, time.monotonic() + seconds
     while time.monotonic() < end:

@@ -34,8 +34,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 import clients
 from clients.session import connect
 from controller.runtime.controller import PlacementController
-from controller.runtime.io import HEAD_RESOURCE
-from controller.runtime.settings import Settings
+from controller.runtime.core.settings import Settings
+from controller.runtime.edge import HEAD_RESOURCE
 
 NODES, GPUS = 4, 8
 LAYOUT = {"num_nodes": NODES + 1, "component_placement": {"actor,rollout": "all"}}

@@ -88,7 +88,7 @@ class Results:
     def document(self) -> dict[str, Any]:
         import ray
 
-        from controller.version import version
+        from controller import version
 
         return {
             "bench": self.bench,

@@ -49,8 +49,8 @@ from clients.testing.head import FaultTolerantCluster, RedisServer
 from clients.testing.legacy import rewrite_as_v1, v1_table
 from controller import PlacementError, load_spec
 from controller.errors import TableUnreadable
-from controller.runtime.node_view import live_view
-from controller.runtime.ray_io import node_infos
+from controller.runtime.core.nodes import live_view
+from controller.runtime.edge.ray_io import node_infos
 from controller.state.table import QUOTA as QUOTA_KEY
 from controller.state.table import migrate_v1
 

@@ -30,8 +30,8 @@ import ray
 from ray.util.placement_group import placement_group_table
 
 from controller import ComponentPlacement, PlacementError
-from controller.runtime.node_view import live_view
-from controller.runtime.ray_io import node_infos
+from controller.runtime.core.nodes import live_view
+from controller.runtime.edge.ray_io import node_infos
 
 
 class Invariants:

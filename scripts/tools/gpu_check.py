@@ -40,7 +40,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from controller.runtime.leftovers import alive
+from controller.runtime.edge.node_tasks import alive
 
 MIB = 1 << 20
 # A process that holds device memory until it is killed, as an engine's server does.

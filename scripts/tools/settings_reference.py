@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write docs/reference/settings.md from the code: every controller setting, the variable
 that sets it, its default, and the reason written beside it in
-controller/runtime/settings.py. tests/unit/test_docs.py fails when the page differs from
+controller/runtime/core/settings.py. tests/unit/test_docs.py fails when the page differs from
 what this writes.
 
 Usage: scripts/tools/settings_reference.py
@@ -18,12 +18,12 @@ import msgspec
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from controller.runtime import settings  # noqa: E402
+from controller.runtime.core import settings  # noqa: E402
 
 PAGE = ROOT / "docs" / "reference" / "settings.md"
 HEAD = """# Controller settings
 
-Generated from `controller/runtime/settings.py` by `scripts/tools/settings_reference.py`.
+Generated from `controller/runtime/core/settings.py` by `scripts/tools/settings_reference.py`.
 The controller reads each setting, when it starts, from its process's environment:
 `PLACECTL_` and the setting's name in capitals. Two ways to give them:
 
@@ -44,7 +44,7 @@ names the variable, what it takes and the default. The defaults suit a real clus
 def reasons() -> dict[str, str]:
     """Each field's comment in the source, joined into one line; fields written right
     after one another share the comment above them."""
-    source = (ROOT / "controller" / "runtime" / "settings.py").read_text()
+    source = (ROOT / "controller" / "runtime" / "core" / "settings.py").read_text()
     body = source[source.index("class Settings") : source.index("\nFAST = ")]
     found, comment, after_field = {}, [], False
     for line in body.splitlines():

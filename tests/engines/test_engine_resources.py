@@ -15,7 +15,7 @@ import pytest
 import clients
 from clients.testing import tiny_model
 from clients.testing.vllm_ranks import Engine, Server
-from controller.runtime.leftovers import alive
+from controller.runtime.edge.node_tasks import alive
 from tests.engines.test_vllm import environ
 
 EPHEMERAL = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range")

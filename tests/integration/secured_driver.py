@@ -9,7 +9,7 @@ as JSON, on its last line.
 helper (``ray._common.tls_utils``, what Ray's own TLS tests use).
 
 ``--placectl-token wrong`` gives placectl's own calls alone (its health checks and its
-fence, through the test hook of :mod:`controller.runtime.channels`) a token the cluster
+fence, through the test hook of :mod:`controller.runtime.edge.answers`) a token the cluster
 does not accept, as a misconfigured controller would have.
 
 Usage: python tests/integration/secured_driver.py [--tls] [--placectl-token right|wrong]

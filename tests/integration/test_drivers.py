@@ -18,7 +18,7 @@ import ray
 import clients
 from controller import PlacementError
 from controller.errors import ReservationTimeout
-from controller.runtime.ray_io import group_handle
+from controller.runtime.edge.ray_io import group_handle
 from tests.integration.conftest import one_node
 
 

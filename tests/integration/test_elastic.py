@@ -10,9 +10,8 @@ import ray
 from ray.util.placement_group import placement_group_table
 
 import clients
-from controller import PlacementError
+from controller import PlacementError, version
 from controller.errors import ReservationTimeout
-from controller.version import version
 from tests.integration.conftest import GPU_NODES, live_groups, placectl_cli, wait_for
 
 

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 import clients
-from controller.runtime.leftovers import alive
+from controller.runtime.edge.node_tasks import alive
 from tests.integration.conftest import local_cluster
 
 CONFIG = {"num_nodes": 2, "component_placement": {"engine": "0-1"}}

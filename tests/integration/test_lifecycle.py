@@ -15,8 +15,8 @@ from ray.util.placement_group import placement_group_table
 import clients
 from clients.testing.legacy import rewrite_as_v1, v1_table
 from controller.errors import StaleReservation, TableUnreadable
-from controller.runtime.node_view import live_view
-from controller.runtime.ray_io import node_infos
+from controller.runtime.core.nodes import live_view
+from controller.runtime.edge.ray_io import node_infos
 from controller.state.table import KV_NAMESPACE, RECORD, key, kv_prefix
 from tests.integration.conftest import live_groups, local_cluster, wait_for
 

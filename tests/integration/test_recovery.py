@@ -15,7 +15,7 @@ import ray
 
 import clients
 from clients.reservation import Reservation
-from controller.runtime.leftovers import alive
+from controller.runtime.edge.node_tasks import alive
 from tests.integration.conftest import local_cluster, wait_for
 from tests.integration.conftest import placectl_cli as cli
 

@@ -11,11 +11,11 @@ from clients.testing import virtual_time
 from clients.testing.fake_cluster import FakeCluster
 from clients.testing.legacy import v1_table
 from controller.runtime.controller import PlacementController
-from controller.runtime.io import REMOVED
-from controller.runtime.settings import FAST, Settings
+from controller.runtime.core.settings import FAST, Settings
+from controller.runtime.edge import REMOVED
 from controller.state.assignments import Assignment
+from controller.state.published import ReservationInfo
 from controller.state.records import ReservationRecord
-from controller.state.status import ReservationInfo
 from controller.state.table import EVENT, RECORD, key
 
 
@@ -122,7 +122,7 @@ async def controller(fake: FakeCluster, settings: Settings = FAST) -> PlacementC
 
 def write_v1(fake: FakeCluster, records: dict[str, ReservationRecord]) -> None:
     """Replace the fake GCS's table with the format-1 table of ``records``."""
-    from controller.runtime.node_view import live_view
+    from controller.runtime.core.nodes import live_view
     from controller.state.table import LEGACY_KEY
 
     view = live_view([n.info for n in fake.nodes_by_id.values()], fake.accelerator)

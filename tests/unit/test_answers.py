@@ -1,4 +1,4 @@
-"""What a health check reads from a connection closed on it (controller.runtime.answers),
+"""What a health check reads from a connection closed on it (controller.runtime.edge.answers),
 against real sockets on loopback: a TLS server closes a plaintext client's connection
 every time (a refusal of placectl: ``denied``); a process dying mid-call closes it once,
 and then nothing listens (``refused``, not a refusal of placectl)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from controller.runtime.answers import DENIED, OK, REFUSED, SILENT, answers
+from controller.runtime.edge.answers import DENIED, OK, REFUSED, SILENT, answers
 
 
 def _closer(times: int | None) -> tuple[str, threading.Thread]:

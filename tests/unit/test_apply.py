@@ -318,7 +318,7 @@ def test_sync_plans_from_the_assignments_a_group_was_started_with():
 
 def test_the_status_map_shows_a_node_with_two_groups_as_one_row():
     from clients.render import render_reservation
-    from controller.state.status import summarize
+    from controller.state.published import summarize
 
     async def go():
         fake = cluster(gpu_nodes=2, gpus=8)

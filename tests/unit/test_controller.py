@@ -20,7 +20,7 @@ from controller.errors import (
     TableUnreadable,
 )
 from controller.runtime.controller import SimulatedCrash
-from controller.runtime.settings import FAST
+from controller.runtime.core.settings import FAST
 from controller.state.records import SCHEMA_VERSION
 from controller.state.table import LEGACY_BACKUP, LEGACY_KEY, META, RECORD, key
 from tests.unit.fakes import (

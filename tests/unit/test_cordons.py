@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from controller.errors import NotOwner, ReservationError
-from controller.runtime.io import CREATED, REMOVED
-from controller.runtime.settings import FAST
+from controller.runtime.core.settings import FAST
+from controller.runtime.edge import CREATED, REMOVED
 from tests.unit.fakes import cluster, controller, run, spec, stored, until
 from tests.unit.test_writers import watch
 

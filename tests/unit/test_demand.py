@@ -11,7 +11,7 @@ import pytest
 from controller import load_spec
 from controller.errors import ReservationTimeout
 from controller.planning.cluster import ClusterView, NodeView
-from controller.runtime.settings import FAST
+from controller.runtime.core.settings import FAST
 from controller.state.wants import (
     NODE_BUNDLE,
     PACK,

@@ -57,7 +57,7 @@ def test_the_settings_reference_is_what_the_code_holds():
 
 def test_the_version_is_the_packages():
     project = tomllib.loads(text(ROOT / "pyproject.toml"))["project"]
-    from controller.version import SOURCE_VERSION
+    from controller import SOURCE_VERSION
 
     assert project["version"] == SOURCE_VERSION
     assert f"Version {SOURCE_VERSION}" in text(ROOT / "README.md")
@@ -111,7 +111,7 @@ def test_every_placectl_command_and_option_a_page_shows_exists(page):
 
 
 def test_the_metrics_page_lists_every_metric_as_exported_with_its_labels():
-    from controller.runtime.metrics import METRICS, exported
+    from controller.runtime.edge import METRICS, exported
 
     page = text(ROOT / "docs" / "operations" / "metrics.md")
     rows = {

@@ -7,9 +7,9 @@ import asyncio
 
 import msgspec
 
-from controller.runtime import tasks
-from controller.runtime.io import CREATED, REMOVED
-from controller.runtime.settings import FAST
+from controller.runtime import core
+from controller.runtime.core.settings import FAST
+from controller.runtime.edge import CREATED, REMOVED
 from tests.unit.fakes import cluster, controller, info, published, run, spec, stored, until
 from tests.unit.test_writers import watch
 
@@ -24,7 +24,7 @@ def test_a_draining_nodes_slot_moves_to_a_spare_and_its_old_group_waits_for_the_
         written = watch(fake, "j")
         # A spot notice: the node goes in 5 s (the move takes milliseconds; the margin is
         # for a loaded machine, where a 1.5 s deadline was seen to pass first).
-        fake.draining[node] = tasks.wall() + 5
+        fake.draining[node] = core.wall() + 5
         moved = await until(lambda: (r := stored(fake, "j")).epoch == 2 and r)
         assert node not in moved.node_ids() and moved.state == "ready"
         assert [x.group_id for x in moved.leaving] == [old]
@@ -37,7 +37,7 @@ def test_a_draining_nodes_slot_moves_to_a_spare_and_its_old_group_waits_for_the_
         assert fake.groups_by_id[old].state == CREATED  # its workers finish their step
         await until(lambda: not stored(fake, "j").leaving, timeout=20)
         assert fake.groups_by_id[old].state == REMOVED
-        assert tasks.wall() >= fake.draining[node]  # not before the deadline
+        assert core.wall() >= fake.draining[node]  # not before the deadline
         assert {r.state for r in written} == {"ready"}  # never degraded on the way
         await ctl.stop()
 
@@ -59,7 +59,7 @@ def test_without_a_spare_the_slot_stays_and_says_why_until_one_joins():
         moved = await until(lambda: (r := stored(fake, "j")).epoch == 2 and r, timeout=5)
         assert node not in moved.node_ids() and moved.reason == ""
         (leaving,) = moved.leaving  # no deadline: kept for drain_grace after the move
-        assert 0 < leaving.remove_at - tasks.wall() <= ctl.settings.drain_grace
+        assert 0 < leaving.remove_at - core.wall() <= ctl.settings.drain_grace
         await ctl.stop()
 
     run(go())
@@ -71,7 +71,7 @@ def test_a_release_removes_the_groups_still_leaving():
         ctl = await controller(fake)
         await ctl.reserve("j", spec("0-7", num_nodes=3))
         old = stored(fake, "j").slots[0]
-        fake.draining[old.node_id] = tasks.wall() + 60
+        fake.draining[old.node_id] = core.wall() + 60
         await until(lambda: stored(fake, "j").epoch == 2)
         assert await ctl.release("j")
         assert fake.groups_by_id[old.group_id].state == REMOVED

@@ -1,5 +1,5 @@
 """The fencing rule on the fake cluster's network: a silence is fenced only on evidence
-that the node, not the controller, is gone (controller.runtime.evidence). The fake cuts
+that the node, not the controller, is gone (controller.runtime.core.evidence). The fake cuts
 nodes off both ways (``fake.cut``), the controller's own node included, and single paths
 (``fake.links_down``); Ray never gives up on a node here, so every fence is placectl's."""
 
@@ -9,9 +9,9 @@ import asyncio
 
 import msgspec
 
-from controller.runtime import evidence
-from controller.runtime.channels import CallDenied
-from controller.runtime.settings import FAST
+from controller.runtime.core import evidence
+from controller.runtime.core.settings import FAST
+from controller.runtime.edge.answers import CallDenied
 from tests.unit.fakes import cluster, controller, run, spec, stored, until
 
 # fence_after long against the sweeps (5 ms) but short for a test: a loop stalled for a

@@ -10,9 +10,9 @@ import msgspec
 import pytest
 
 from controller.errors import ReservationError
-from controller.runtime import tasks
-from controller.runtime.channels import CallDenied
-from controller.runtime.settings import FAST, Settings
+from controller.runtime import core
+from controller.runtime.core.settings import FAST, Settings
+from controller.runtime.edge.answers import CallDenied
 from tests.unit.fakes import cluster, controller, info, run, stored, until
 from tests.unit.test_liveness import _reserved
 
@@ -89,7 +89,7 @@ def test_a_draining_node_is_not_fenced():
         fake = cluster(gpu_nodes=3)
         ctl = await _reserved(fake, SLOW_WATCH)
         leaving = stored(fake, "j").slots[0].node_id
-        fake.draining[leaving] = tasks.wall() + 60  # Ray is taking it away
+        fake.draining[leaving] = core.wall() + 60  # Ray is taking it away
         fake.crash_node(leaving)  # its raylet exits as the drain ends
         await ctl.suspects("j")
         assert fake.calls["fence"] == 0 and fake.fenced == {}
@@ -112,11 +112,11 @@ def test_a_failed_fence_is_tried_again_later_and_counted():
 
         fake.fence = flaky
         lost = stored(fake, "j").slots[0].node_id
-        started = tasks.now()
+        started = core.now()
         fake.crash_node(lost)
         await until(lambda: lost in fake.fenced, timeout=10)
         # Two failures: tried again after 0.5 s, then 1 s, not at every sweep (5 ms).
-        assert tasks.now() - started >= 1.4
+        assert core.now() - started >= 1.4
         assert fake.metrics.fences == ["failed", "failed", "fenced"]
         assert (await ctl.health())["fence_failures"] == 2
         await until(lambda: stored(fake, "j").epoch == 2)
@@ -141,10 +141,10 @@ def test_a_stalled_fence_holds_no_caller_and_is_sent_once():
         fake.fence = stalled
         lost = stored(fake, "j").slots[0].node_id
         fake.crash_node(lost)
-        started = tasks.now()
+        started = core.now()
         await asyncio.gather(*(ctl.suspects("j") for _ in range(3)))
         await ctl.repair("j")
-        assert tasks.now() - started < 3.0  # each caller waited 0.3 s at most
+        assert core.now() - started < 3.0  # each caller waited 0.3 s at most
         assert calls == [lost]
         release.set()
         await until(lambda: (r := stored(fake, "j")).epoch == 2 and r.state == "ready")
@@ -196,7 +196,7 @@ def test_a_refusal_of_placectl_is_told_apart_from_a_dead_or_silent_process(
 ):
     import grpc
 
-    from controller.runtime.channels import denied
+    from controller.runtime.edge.answers import denied
 
     got = denied(_RpcError(getattr(grpc.StatusCode, code), details))
     assert (got is not None) == refused_us, got

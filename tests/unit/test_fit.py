@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controller.state.fit import holders, shortfalls
+from controller.state.plan import holders, shortfalls
 from controller.state.records import BundleRecord, SlotRecord
 
 TOTALS = {"n1": {"CPU": 4.0, "GPU": 4.0}, "n2": {"CPU": 8.0, "GPU": 8.0}}

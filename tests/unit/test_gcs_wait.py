@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from controller.errors import ClusterUnavailable, PlacementError
-from controller.runtime import gcs_wait
+from controller.runtime.edge import ray_gcs
 
 
 class Away(Exception):
@@ -40,7 +40,7 @@ def flaky(clock: Clock, failures: int, cost: float = 5.0):
 def test_waits_while_the_gcs_is_away_and_says_why():
     clock, said = Clock(), []
     call, given = flaky(clock, failures=3)
-    got = gcs_wait.retry(
+    got = ray_gcs.retry(
         call, "reading the table", said.append, lambda e: isinstance(e, Away), bound=60, clock=clock
     )
     assert got == "answer"
@@ -54,7 +54,7 @@ def test_gives_up_after_the_bound_with_one_clear_error():
     clock, said = Clock(), []
     call, given = flaky(clock, failures=100)
     with pytest.raises(ClusterUnavailable) as e:
-        gcs_wait.retry(
+        ray_gcs.retry(
             call,
             "reading the table",
             said.append,
@@ -77,7 +77,7 @@ def test_other_errors_pass_through_at_once():
         raise KeyError("not a GCS outage")
 
     with pytest.raises(KeyError):
-        gcs_wait.retry(call, "x", said.append, lambda e: isinstance(e, Away), clock=clock)
+        ray_gcs.retry(call, "x", said.append, lambda e: isinstance(e, Away), clock=clock)
     assert said == []
 
 
@@ -86,11 +86,11 @@ def test_a_refused_connection_is_not_a_hot_loop(monkeypatch):
     # waiter says so at most once per attempt period.
     clock, said, slept = Clock(), [], []
     monkeypatch.setattr(
-        gcs_wait.time, "sleep", lambda s: (slept.append(s), setattr(clock, "now", clock.now + s))
+        ray_gcs.time, "sleep", lambda s: (slept.append(s), setattr(clock, "now", clock.now + s))
     )
     call, _ = flaky(clock, failures=30, cost=0.0)
     assert (
-        gcs_wait.retry(
+        ray_gcs.retry(
             call, "x", said.append, lambda e: isinstance(e, Away), bound=60, clock=clock, pause=0.2
         )
         == "answer"
@@ -107,7 +107,7 @@ def test_the_async_wait_does_the_same():
         return call(timeout)
 
     got = asyncio.run(
-        gcs_wait.aretry(
+        ray_gcs.aretry(
             acall,
             "writing the table",
             said.append,
@@ -122,18 +122,18 @@ def test_the_async_wait_does_the_same():
 def test_the_bound_follows_placectl_then_ray(monkeypatch):
     monkeypatch.delenv("PLACECTL_GCS_WAIT_S", raising=False)
     monkeypatch.delenv("RAY_gcs_rpc_server_reconnect_timeout_s", raising=False)
-    assert gcs_wait.bound_s() == 60.0
+    assert ray_gcs.bound_s() == 60.0
     monkeypatch.setenv("RAY_gcs_rpc_server_reconnect_timeout_s", "120")
-    assert gcs_wait.bound_s() == 120.0
+    assert ray_gcs.bound_s() == 120.0
     monkeypatch.setenv("PLACECTL_GCS_WAIT_S", "30")
-    assert gcs_wait.bound_s() == 30.0
+    assert ray_gcs.bound_s() == 30.0
     monkeypatch.setenv("PLACECTL_GCS_WAIT_S", "1")
-    assert gcs_wait.bound_s() == gcs_wait.ATTEMPT_S
+    assert ray_gcs.bound_s() == ray_gcs.ATTEMPT_S
 
 
 def test_where_the_gcs_keeps_its_tables():
     pytest.importorskip("ray")
-    from controller.runtime.ray_gcs import gcs_store
+    from controller.runtime.edge.ray_gcs import gcs_store
 
     assert gcs_store({}) == "memory"
     assert gcs_store({"RAY_REDIS_ADDRESS": "10.0.0.1:6379"}) == "redis"

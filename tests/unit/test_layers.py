@@ -18,8 +18,8 @@ import pathlib
 import pytest
 
 from clients.testing.fake_cluster import FakeCluster
-from controller.runtime.state import ReservationState
-from controller.runtime.store import Store
+from controller.runtime.core.state import ReservationState
+from controller.runtime.core.store import Store
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RUNTIME = ROOT / "controller" / "runtime"
@@ -35,7 +35,7 @@ def sources(*parts: str) -> list[pathlib.Path]:
 # scheduling strategy for drivers, importing Ray (and the group-handle cache) lazily.
 BRIDGES = {
     ("controller/state/assignments.py", "ray.util.scheduling_strategies"),
-    ("controller/state/assignments.py", "controller.runtime.ray_io"),
+    ("controller/state/assignments.py", "controller.runtime.edge.ray_io"),
 }
 
 
@@ -82,10 +82,22 @@ def private_reaches(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
 
 
 def test_dependencies_point_one_way():
+    """The layers of ``controller/``, each a folder: planning < state < runtime, and
+    inside the runtime edge (Ray and the network) < core (the records' owner, the nodes,
+    the clock) < steps (what the controller does) < the calls at the top. Ray is
+    imported in the edge alone."""
+    calls = (
+        "controller.runtime.controller",
+        "controller.runtime.reads",
+        "controller.runtime.changes",
+    )
     rules = {
         "controller/planning": ("controller.state", "controller.runtime", "clients", "ray"),
         "controller/state": ("controller.runtime", "clients", "ray"),
         "controller/runtime": ("clients",),
+        "controller/runtime/edge": ("controller.runtime.core", "controller.runtime.steps", *calls),
+        "controller/runtime/core": ("controller.runtime.steps", *calls, "ray"),
+        "controller/runtime/steps": (*calls, "ray"),
         # What a user may import, and the scripts, never reach into the test suite.
         "controller": ("tests",),
         "clients": ("tests",),
@@ -97,9 +109,8 @@ def test_dependencies_point_one_way():
             for name in imports(path):
                 if any(name == b or name.startswith(b + ".") for b in banned):
                     bad.append(f"{path.relative_to(ROOT)} imports {name}")
-    ray_edge = {"ray_io.py", "ray_gcs.py", "probe.py", "metrics.py", "channels.py"}
-    for path in sources("controller/runtime"):
-        if path.name not in ray_edge and any(n.split(".")[0] == "ray" for n in imports(path)):
+    for path in (RUNTIME / "controller.py", RUNTIME / "reads.py", RUNTIME / "changes.py"):
+        if any(n.split(".")[0] == "ray" for n in imports(path)):
             bad.append(f"{path.relative_to(ROOT)} imports Ray outside the Ray edge")
     assert bad == []
 
@@ -131,7 +142,7 @@ def test_only_the_state_owner_holds_the_store_and_only_the_store_writes_the_tabl
             if (
                 isinstance(node, ast.Attribute)
                 and node.attr in ("kv_put", "kv_delete")
-                and path.name not in ("store.py", "io.py", "ray_io.py")
+                and path.name not in ("store.py", "ray_io.py")
             ):
                 bad.append(f"{path.name}:{node.lineno} writes the key-value store")
         if path.name == "controller.py":  # it only builds the state owner with it
@@ -164,8 +175,8 @@ def test_modules_stay_small():
 # The clock itself; code that runs in a node's own process, where no loop is the clock;
 # and the history's timestamps, a label for people that no deadline reads.
 REAL_CLOCK = {
-    "controller/runtime/tasks.py",
-    "controller/runtime/leftovers.py",
+    "controller/runtime/core/__init__.py",
+    "controller/runtime/edge/node_tasks.py",
     "controller/state/events.py",
 }
 
@@ -213,8 +224,8 @@ def test_no_class_stubs_what_another_provides():
 
 
 def test_every_change_of_a_record_is_named_in_one_module():
-    """Only ``transitions.py`` commits or forgets a record: the operations say when a
-    record changes, that module what the change is."""
+    """Only the :class:`Transitions` (in ``core/stewards.py``) commit or forget a record:
+    the operations say when a record changes, they what the change is."""
     callers = set()
     for path in sources("controller", "clients"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -224,4 +235,4 @@ def test_every_change_of_a_record_is_named_in_one_module():
                 and node.func.attr in ("commit", "forget")
             ):
                 callers.add(str(path.relative_to(ROOT)))
-    assert callers == {"controller/runtime/transitions.py"}
+    assert callers == {"controller/runtime/core/stewards.py"}

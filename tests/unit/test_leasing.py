@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from controller.errors import ReservationError
-from controller.runtime.settings import FAST
+from controller.runtime.core.settings import FAST
 from tests.unit.fakes import cluster, controller, run, spec, stored, until
 
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from controller.runtime import leftovers
-from controller.runtime.leftovers import alive
+from controller.runtime.edge import node_tasks
+from controller.runtime.edge.node_tasks import alive
 
 
 @pytest.fixture
@@ -21,9 +21,9 @@ def spawn():
     started: list[subprocess.Popen] = []
 
     def start(tag: str | None, argv: list[str] | None = None) -> int:
-        env = {k: v for k, v in os.environ.items() if k != leftovers.TAG}
+        env = {k: v for k, v in os.environ.items() if k != node_tasks.TAG}
         if tag is not None:
-            env[leftovers.TAG] = tag
+            env[node_tasks.TAG] = tag
         proc = subprocess.Popen(argv or ["sleep", "300"], env=env, start_new_session=True)
         started.append(proc)
         return proc.pid
@@ -36,7 +36,7 @@ def spawn():
 
 def wait_started(pid: int, tag: str) -> None:
     deadline = time.monotonic() + 10
-    while pid not in leftovers.tagged([tag]):
+    while pid not in node_tasks.tagged([tag]):
         assert time.monotonic() < deadline, f"pid {pid} never showed its tag"
         time.sleep(0.01)
 
@@ -48,7 +48,7 @@ def test_ends_exactly_the_processes_of_the_stopped_worker(spawn):
         spawn(None),
     )
     wait_started(mine, "uid:job.rollout.0:aa")
-    ended = leftovers.end_tagged(["uid:job.rollout.0:aa"])
+    ended = node_tasks.end_tagged(["uid:job.rollout.0:aa"])
     assert [e.pid for e in ended] == [mine]
     assert ended[0].command.startswith("sleep") and ended[0].tag == "uid:job.rollout.0:aa"
     assert not alive(mine)
@@ -63,12 +63,12 @@ def test_a_grandchild_that_left_for_a_session_of_its_own_is_found_by_its_tag(spa
         "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)"
     )
     tag = "uid:job.engine.0:cc"
-    env = {**os.environ, leftovers.TAG: tag}
+    env = {**os.environ, node_tasks.TAG: tag}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     grandchild = int(out.stdout)
     try:
         assert alive(grandchild)  # its parent is gone; it lives on, reparented
-        assert [e.pid for e in leftovers.end_tagged([tag])] == [grandchild]
+        assert [e.pid for e in node_tasks.end_tagged([tag])] == [grandchild]
         assert not alive(grandchild)
     finally:
         if alive(grandchild):
@@ -87,11 +87,11 @@ def test_ray_workers_are_left_to_ray_and_waited_for_a_bounded_time(spawn, title)
     child = spawn(tag)
     wait_started(child, tag)
     deadline = time.monotonic() + 10
-    while not leftovers.tagged([tag]).get(worker, ("", ""))[1].startswith(title):
+    while not node_tasks.tagged([tag]).get(worker, ("", ""))[1].startswith(title):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     started = time.monotonic()
-    ended = leftovers.end_tagged([tag], ray_grace=0.3)
+    ended = node_tasks.end_tagged([tag], ray_grace=0.3)
     assert [e.pid for e in ended] == [child]
     assert alive(worker)  # Ray's to end
     assert 0.3 <= time.monotonic() - started < 5
@@ -99,13 +99,13 @@ def test_ray_workers_are_left_to_ray_and_waited_for_a_bounded_time(spawn, title)
 
 def test_nothing_tagged_returns_at_once():
     started = time.monotonic()
-    assert leftovers.end_tagged(["uid:nobody:00"]) == []
+    assert node_tasks.end_tagged(["uid:nobody:00"]) == []
     assert time.monotonic() - started < 5
 
 
 def test_tags():
-    assert leftovers.new_tag("u1", "job.engine.0", detached=True) == "u1:job.engine.0"
-    a, b = (leftovers.new_tag("u1", "job.engine.0", detached=False) for _ in range(2))
+    assert node_tasks.new_tag("u1", "job.engine.0", detached=True) == "u1:job.engine.0"
+    a, b = (node_tasks.new_tag("u1", "job.engine.0", detached=False) for _ in range(2))
     assert a != b and a.startswith("u1:job.engine.0:")
 
 
@@ -115,6 +115,6 @@ def test_a_reservations_prefix_ends_every_tag_of_it_and_no_other(spawn):
     other = spawn("u9f30:job.engine.0")  # another reservation whose uid starts alike
     for pid, tag in zip(mine, [f"{uid}:job.engine.0", f"{uid}:job.rollout.1:0a"], strict=True):
         wait_started(pid, tag)
-    ended = leftovers.end_tagged([], prefixes=[leftovers.reservation_prefix(uid)])
+    ended = node_tasks.end_tagged([], prefixes=[node_tasks.reservation_prefix(uid)])
     assert sorted(e.pid for e in ended) == sorted(mine)
     assert alive(other)

@@ -1,5 +1,5 @@
 """Nodes that die without a word, on the fake cluster: Ray keeps calling them alive, and
-only placectl's own raylet checks (controller.runtime.liveness) can act before Ray's
+only placectl's own raylet checks (controller.runtime.steps.liveness) can act before Ray's
 health checks give up. Here Ray never gives up, so every repair below is placectl's."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 
 import msgspec
 
-from controller.runtime.settings import FAST
+from controller.runtime.core.settings import FAST
 from tests.unit.fakes import cluster, controller, info, run, spec, stored, until
 
 

@@ -15,8 +15,8 @@ from controller.errors import (
     ReservationInfeasible,
     ReservationTimeout,
 )
+from controller.state.published import QueueEntry
 from controller.state.queueing import Entry, Holding, decide, victims
-from controller.state.status import QueueEntry
 from tests.unit.fakes import (
     cluster,
     controller,

@@ -14,7 +14,7 @@ from clients.reservation import Reservation
 from clients.session import Controller
 from clients.testing.fake_table import DriverTable
 from controller.errors import ReservationDegraded, ReservationTimeout
-from controller.runtime.settings import FAST
+from controller.runtime.core.settings import FAST
 from tests.unit.fakes import cluster, controller, info, run, spec, stored, until
 
 # No periodic tick: whatever happens, happens because a call or an event woke the loop.

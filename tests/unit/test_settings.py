@@ -9,7 +9,7 @@ import pytest
 
 from controller import SettingsError
 from controller.runtime.controller import PlacementController
-from controller.runtime.settings import Settings, by_name, from_environ, variable
+from controller.runtime.core.settings import Settings, by_name, from_environ, variable
 from tests.unit.fakes import cluster, run
 
 

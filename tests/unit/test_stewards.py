@@ -1,4 +1,4 @@
-"""The stewards' guarantees (controller.runtime.stewards), each against real asyncio tasks:
+"""The stewards' guarantees (controller.runtime.core.stewards), each against real asyncio tasks:
 order, no overlap, cancellation with its rollback waited out, errors kept to their
 poster, the poster's context, nothing left when idle or stopped."""
 
@@ -10,8 +10,8 @@ import contextvars
 import pytest
 
 from controller.errors import ReservationCancelled, UnknownReservation
-from controller.runtime.stewards import Stewards, Trigger
-from controller.runtime.tasks import Tasks
+from controller.runtime.core import Tasks
+from controller.runtime.core.stewards import Stewards, Trigger
 from tests.unit.fakes import cluster, controller, run, spec, stored, until
 
 WHO: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="")

@@ -13,8 +13,8 @@ import msgspec
 import pytest
 
 from clients.verdict import final, settle
-from controller.runtime.answers import DENIED, OK, REFUSED, SILENT
-from controller.runtime.settings import FAST
+from controller.runtime.core.settings import FAST
+from controller.runtime.edge.answers import DENIED, OK, REFUSED, SILENT
 from tests.unit.fakes import cluster, controller, spec, stored
 
 SETTINGS = msgspec.structs.replace(FAST, fence_after=0.3, liveness_period=0.02)
@@ -154,7 +154,7 @@ def test_a_node_whose_fence_is_refused_is_waited_for_until_ray_calls_it_dead(wor
     connections stays alive to Ray until its own health checks give up. Its ranks
     (refusing placectl's credentials too) are lost all the same: settle waits past
     ``within`` for Ray's verdict, since nothing can be relaunched before it."""
-    from controller.runtime.channels import CallDenied
+    from controller.runtime.edge.answers import CallDenied
 
     lost_node = world.slots[0]
     world.in_loop(lambda: setattr(world.fake, "fence_refusal", CallDenied("UNAUTHENTICATED")))

@@ -7,15 +7,15 @@ import asyncio
 import time
 
 from clients.testing import virtual_time
-from controller.runtime import tasks
+from controller.runtime import core
 
 
 def test_an_hour_of_sleep_passes_at_once_and_the_clock_says_an_hour():
     async def go():
         loop = asyncio.get_running_loop()
-        before, wall_before = tasks.now(), tasks.wall()
+        before, wall_before = core.now(), core.wall()
         await asyncio.sleep(3600)
-        return tasks.now() - before, tasks.wall() - wall_before, loop.time() - before
+        return core.now() - before, core.wall() - wall_before, loop.time() - before
 
     started = time.monotonic()
     passed, wall_passed, loop_passed = virtual_time.run(go())
@@ -48,6 +48,6 @@ def test_work_in_a_thread_is_waited_for_not_skipped():
 
 def test_outside_a_loop_the_controllers_clock_is_the_monotonic_one():
     a = time.monotonic()
-    b = tasks.now()
+    b = core.now()
     assert a <= b <= time.monotonic()
-    assert abs(tasks.wall() - time.time()) < 1.0
+    assert abs(core.wall() - time.time()) < 1.0

@@ -1,0 +1,380 @@
+"""The Ray edge: the controller's one narrow interface to the cluster (Ray), the records
+that cross it, and the metrics it reports.
+
+Every Ray call the controller makes goes through a :class:`ClusterIO`. Two
+implementations stand behind it: :class:`controller.runtime.edge.ray_io.RayClusterIO` (the
+real cluster) and :class:`clients.testing.fake_cluster.FakeCluster` (in memory, for unit
+tests that run in milliseconds and for control-plane benchmarks at thousands of nodes),
+as Ray Serve isolates its controller's actor calls for the same reason.
+
+All methods are coroutines: the real implementation awaits Ray futures or runs blocking
+GCS reads off the event loop, so the controller's lookups never queue behind them.
+
+**Metrics.** The controller's metrics, exported through Ray's metrics system: in Prometheus each
+name gains Ray's ``ray_`` prefix and a counter the ``_total`` suffix (:func:`exported`).
+
+Labels are bounded by what an operator configures (queues, resources) or by placectl
+(states, causes), never by job names, so a cluster with many jobs does not grow the
+series count. Counters and histograms follow from the event history (one event, one
+observation); gauges are set at every commit (states) and every tick of the loop
+(queues, quotas, whether the table is readable).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import msgspec
+
+if TYPE_CHECKING:  # imported for annotations only: every node's probe imports this package
+    from controller.state.events import Event
+    from controller.state.queueing import QueueUsage
+    from controller.state.wants import DemandGroup
+
+CREATED, PENDING, REMOVED, RESCHEDULING = "CREATED", "PENDING", "REMOVED", "RESCHEDULING"
+# The resource Ray gives the head node only; the controller asks for a sliver of it.
+HEAD_RESOURCE = "node:__internal_head__"
+
+
+class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One node as Ray reports it (``ray.nodes()``), alive or dead."""
+
+    node_id: str
+    ip: str = ""
+    alive: bool = True
+    is_head: bool = False
+    resources: dict[str, float] = {}
+    labels: dict[str, str] = {}
+    raylet: str = ""  # host:port of the node's raylet, which answers health checks
+
+
+class GroupInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One placement group as Ray's group table reports it."""
+
+    group_id: str
+    name: str = ""
+    state: str = PENDING
+    nodes: list[str] = []  # node id of each bundle ("" while being rescheduled)
+
+
+class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What a probe inside a bundle saw: the accelerator ids Ray gave it, and where the
+    hardware tells it (NVIDIA), each device's UUID and PCI bus id."""
+
+    ids: list[int]
+    uuids: list[str] = []
+    pci_bus_ids: list[str] = []
+
+
+class NodeEvent(msgspec.Struct, frozen=True):
+    """A node that joined (``alive``) or died."""
+
+    node_id: str
+    alive: bool
+
+
+class Metrics(Protocol):
+    """Where the controller's metrics go (:mod:`controller.runtime.edge` for Ray)."""
+
+    def observe(self, states: dict[str, int]) -> None: ...
+    def reserve_latency(self, seconds: float) -> None: ...
+    def event(self, event: Event) -> None: ...
+    def queues(self, usage: list[QueueUsage]) -> None: ...
+    def fence(self, outcome: str) -> None: ...
+    def table_readable(self, readable: bool) -> None: ...
+
+
+class ClusterIO(Protocol):
+    """What the controller needs from the cluster. Errors surface as exceptions."""
+
+    metrics: Metrics
+
+    # The GCS key-value store, in the controller's own namespace.
+    async def kv_get(self, key: bytes) -> bytes | None: ...
+    async def kv_multi_get(self, keys: list[bytes]) -> dict[bytes, bytes]: ...
+    async def kv_put(self, key: bytes, value: bytes) -> None: ...
+    async def kv_delete(self, key: bytes) -> None: ...
+    async def kv_keys(self, prefix: bytes) -> list[bytes]: ...
+
+    # Nodes.
+    async def nodes(self) -> list[NodeInfo]: ...
+    async def free_resources(self) -> dict[str, dict[str, float]]: ...
+    async def node_events(self) -> list[NodeEvent]:
+        """Nodes that joined or died since the last call, in order (drained)."""
+        ...
+
+    async def wait_for_events(self, timeout: float) -> None:
+        """Return as soon as a node event is waiting to be drained, or after ``timeout``."""
+        ...
+
+    async def dead_nodes(self, node_ids: list[str]) -> set[str]:
+        """Those of ``node_ids`` that Ray reports dead, or does not know, right now: one
+        round trip to the GCS, whatever the cluster's size (only these nodes are asked)."""
+        ...
+
+    async def draining_nodes(self) -> dict[str, float]:
+        """The nodes Ray is draining (a spot notice, a pod deleted, an idle node given
+        back): node id -> the drain's deadline in wall-clock seconds (0: none given)."""
+        ...
+
+    async def node_answers(
+        self,
+        addresses: dict[str, str],
+        timeout: float,
+        why: dict[str, str] | None = None,
+        ways: dict[str, int] | None = None,
+    ) -> dict[str, str]:
+        """Whether each node's raylet (``node id -> host:port``) answers a health check:
+        ``ok``, ``refused``, ``silent`` or ``denied`` (:mod:`controller.runtime.edge.answers`);
+        ``why`` gets the reason of each ``denied``; ``ways`` asks some nodes over that
+        many connections at once."""
+        ...
+
+    def keep_witnesses(self, node_ids: list[str]) -> None:
+        """Keep a witness standing on each of ``node_ids`` (and on no other node), ready
+        to answer :meth:`witness_answers` at once."""
+        ...
+
+    async def witness_answers(
+        self, witness: str, addresses: dict[str, str], timeout: float, ways: int = 1
+    ) -> dict[str, str] | None:
+        """Have node ``witness`` ask the raylets at ``addresses`` (``node id ->
+        host:port``) itself, each over ``ways`` connections, as :meth:`node_answers`
+        does here; ``None`` when its reply
+        does not come back in time (:mod:`controller.runtime.core.evidence`)."""
+        ...
+
+    async def fence(self, node_id: str, why: str) -> None:
+        """Have Ray mark ``node_id`` dead now, with ``why`` as the reason it shows.
+        Raises :class:`~controller.runtime.edge.answers.CallDenied` when Ray refuses
+        placectl itself (its token, its TLS credentials)."""
+        ...
+
+    # Placement groups.
+    async def create_group(self, name: str, bundles: list[dict[str, float]], node_id: str) -> str:
+        """Create a detached group whose bundles are pinned to ``node_id``; its hex id.
+        Returns at once; :meth:`wait_group` waits for it to be placed."""
+        ...
+
+    async def create_demand(self, name: str, group: DemandGroup) -> str:
+        """Create a group that states demand (:mod:`controller.runtime.core.nodes`): not
+        detached, placed where its strategy and selector allow; its hex id."""
+        ...
+
+    async def wait_group(self, group_id: str, timeout: float) -> bool: ...
+    async def remove_group(self, group_id: str) -> None: ...
+    async def groups(self, ids: list[str] | None = None) -> dict[str, GroupInfo]:
+        """Group table entries of ``ids`` (absent ids are missing), or of every group."""
+        ...
+
+    # Work inside the cluster.
+    async def probe(self, group_id: str, bundle_index: int, accelerator: str) -> DeviceInfo: ...
+    async def free_ports(self, node_id: str, candidates: list[int]) -> list[int]:
+        """The ports of ``candidates`` that nothing on the node has bound and that lie
+        outside the node's ephemeral port range, in the given order."""
+        ...
+
+    async def end_leftovers(self, node_id: str, uid: str) -> list[str]:
+        """End every process on the node that a worker of reservation ``uid`` left there
+        (:mod:`controller.runtime.edge.node_tasks`); their command lines. Never returns from a
+        node that does not answer: the caller bounds the wait."""
+        ...
+
+    def warm(self, node_id: str) -> None:
+        """Start (or touch) an idle worker on a node, so a probe there starts at once."""
+        ...
+
+    def own_node(self) -> str:
+        """The node the controller itself runs on."""
+        ...
+
+    def watching(self) -> str:
+        """How node events arrive: ``subscribed``, ``reconnecting`` (the GCS is away)
+        or ``polling``."""
+        ...
+
+    def gcs_store(self) -> str:
+        """Where the GCS keeps its tables: ``redis`` or ``rocksdb`` (they survive a head
+        restart), or ``memory`` (a lost head loses every reservation)."""
+        ...
+
+
+class KeptMetrics:
+    """Metrics kept in memory (the fake cluster's), so that tests read what a real
+    controller exports."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, int] = {}
+        self.latencies: list[float] = []
+        self.events: list[Event] = []
+        self.usage: list[QueueUsage] = []
+        self.fences: list[str] = []
+        self.readable: bool | None = None
+
+    def observe(self, states: dict[str, int]) -> None:
+        self.states = dict(states)
+
+    def reserve_latency(self, seconds: float) -> None:
+        self.latencies.append(seconds)
+
+    def event(self, event: Event) -> None:
+        self.events.append(event)
+
+    def queues(self, usage: list[QueueUsage]) -> None:
+        self.usage = list(usage)
+
+    def fence(self, outcome: str) -> None:
+        self.fences.append(outcome)
+
+    def table_readable(self, readable: bool) -> None:
+        self.readable = readable
+
+
+NO_QUEUE = "none"  # the queue label of reservations made without a queue
+
+# name -> (kind, labels, help): what the docs list and the scrape test looks for.
+METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "placectl_reservations": ("gauge", ("state",), "Reservations by state."),
+    "placectl_reserved_accelerators": (
+        "gauge",
+        ("queue",),
+        "Accelerators held by placed reservations, by queue.",
+    ),
+    "placectl_reserve_latency_seconds": (
+        "histogram",
+        (),
+        "Time to create, place and probe a new reservation.",
+    ),
+    "placectl_queue_depth": ("gauge", ("queue",), "Reservations waiting for admission."),
+    "placectl_queue_oldest_wait_seconds": (
+        "gauge",
+        ("queue",),
+        "How long the oldest reservation waiting in the queue has waited.",
+    ),
+    "placectl_admission_wait_seconds": (
+        "histogram",
+        ("queue",),
+        "Time from joining a queue to admission.",
+    ),
+    "placectl_repairs": ("counter", ("cause",), "Degraded reservations made ready again."),
+    "placectl_repair_seconds": (
+        "histogram",
+        ("cause",),
+        "Time a reservation spent degraded before its repair.",
+    ),
+    "placectl_degraded_seconds": (
+        "counter",
+        ("queue",),
+        "Seconds reservations spent degraded (counted when repaired).",
+    ),
+    "placectl_drain_moves": (
+        "counter",
+        ("queue",),
+        "Reservations moved off draining nodes before their deadline.",
+    ),
+    "placectl_preemptions": ("counter", ("queue",), "Reservations preempted."),
+    "placectl_fences": (
+        "counter",
+        ("outcome",),
+        "Fences of nodes whose raylet stopped answering: fenced, failed (tried again), "
+        "denied (placectl's calls refused: Ray's own health checks decide), withheld "
+        "(no evidence beyond the controller's own: it reached no majority, or no witness "
+        "replied).",
+    ),
+    "placectl_table_readable": (
+        "gauge",
+        (),
+        "1 while the controller acts on its reservation table, 0 while it refuses every "
+        "call because the table cannot be read (a newer placectl's, or corrupt).",
+    ),
+    "placectl_quota_limit": ("gauge", ("queue", "resource"), "A queue's quota."),
+    "placectl_quota_used": (
+        "gauge",
+        ("queue", "resource"),
+        "What a queue's placed reservations hold, per resource with a quota.",
+    ),
+}
+
+_SECONDS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 7200]
+
+
+def exported(name: str) -> str:
+    """The name Prometheus shows for ``name`` (histograms add _bucket, _sum, _count)."""
+    return "ray_" + name + ("_total" if METRICS[name][0] == "counter" else "")
+
+
+def queue_label(queue: str) -> str:
+    return queue or NO_QUEUE
+
+
+class RayMetrics:
+    """:data:`METRICS`, through ``ray.util.metrics``."""
+
+    def __init__(self) -> None:
+        from ray.util import metrics
+
+        made = {}
+        for name, (kind, labels, text) in METRICS.items():
+            if kind == "gauge":
+                made[name] = metrics.Gauge(name, text, tag_keys=labels)
+            elif kind == "counter":
+                made[name] = metrics.Counter(name, text, tag_keys=labels)
+            else:
+                made[name] = metrics.Histogram(name, text, boundaries=_SECONDS, tag_keys=labels)
+        self._m = made
+        self._queues: set[str] = set()
+        self._quota_series: set[tuple[str, str]] = set()
+
+    def observe(self, states: dict[str, int]) -> None:
+        for state, n in states.items():
+            self._m["placectl_reservations"].set(n, tags={"state": state})
+
+    def reserve_latency(self, seconds: float) -> None:
+        self._m["placectl_reserve_latency_seconds"].observe(seconds)
+
+    def event(self, event: Event) -> None:
+        from controller.state import events as ev  # here: see the imports above
+
+        queue = {"queue": queue_label(event.queue)}
+        if event.kind == ev.ADMITTED:
+            self._m["placectl_admission_wait_seconds"].observe(event.seconds, tags=queue)
+        elif event.kind == ev.REPAIRED:
+            cause = {"cause": event.cause or ev.OTHER}
+            self._m["placectl_repairs"].inc(1, tags=cause)
+            self._m["placectl_repair_seconds"].observe(event.seconds, tags=cause)
+            if event.seconds > 0:
+                self._m["placectl_degraded_seconds"].inc(event.seconds, tags=queue)
+        elif event.kind == ev.MOVED:
+            self._m["placectl_drain_moves"].inc(1, tags=queue)
+        elif event.kind == ev.PREEMPTED:
+            self._m["placectl_preemptions"].inc(1, tags=queue)
+
+    def fence(self, outcome: str) -> None:
+        self._m["placectl_fences"].inc(1, tags={"outcome": outcome})
+
+    def table_readable(self, readable: bool) -> None:
+        self._m["placectl_table_readable"].set(1 if readable else 0)
+
+    def queues(self, usage: list[QueueUsage]) -> None:
+        seen, series = set(), set()
+        for u in usage:
+            queue = queue_label(u.queue)
+            seen.add(queue)
+            tags = {"queue": queue}
+            self._m["placectl_queue_depth"].set(u.queued, tags=tags)
+            self._m["placectl_queue_oldest_wait_seconds"].set(u.oldest_wait_s, tags=tags)
+            self._m["placectl_reserved_accelerators"].set(u.accelerators, tags=tags)
+            for resource, limit in u.limits.items():
+                tags = {"queue": queue, "resource": resource}
+                series.add((queue, resource))
+                self._m["placectl_quota_limit"].set(limit, tags=tags)
+                self._m["placectl_quota_used"].set(u.used.get(resource, 0.0), tags=tags)
+        for queue in self._queues - seen:  # a queue gone: its gauges read 0, not stale
+            for name in ("placectl_queue_depth", "placectl_queue_oldest_wait_seconds"):
+                self._m[name].set(0, tags={"queue": queue})
+            self._m["placectl_reserved_accelerators"].set(0, tags={"queue": queue})
+        for queue, resource in self._quota_series - series:
+            tags = {"queue": queue, "resource": resource}
+            self._m["placectl_quota_limit"].set(0, tags=tags)
+            self._m["placectl_quota_used"].set(0, tags=tags)
+        self._queues, self._quota_series = seen, series

@@ -1,0 +1,397 @@
+"""The real :class:`~controller.runtime.edge.ClusterIO`: Ray's GCS, placement groups and tasks.
+
+Imported only inside the cluster (the controller actor) and by drivers that schedule into
+bundles (:func:`group_handle`); ``import controller`` never imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import logging
+import os
+
+import ray
+from ray._raylet import NodeID, PlacementGroupID
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
+
+from controller.runtime import edge
+from controller.runtime.edge import answers, node_tasks, ray_gcs
+from controller.runtime.edge.ray_gcs import fence_node, gcs_store, gcs_unavailable
+from controller.state.wants import DemandGroup
+
+log = logging.getLogger("placectl.controller")
+
+
+@functools.lru_cache(maxsize=4096)
+def group_handle(group_id: str) -> PlacementGroup:
+    """A handle to a placement group from its hex id (names are namespace-scoped; ids
+    are not). Handles are cached: each one caches its bundles after the first lookup,
+    which saves a GCS round trip for every actor scheduled into the group."""
+    return PlacementGroup(PlacementGroupID(bytes.fromhex(group_id)))
+
+
+def node_infos() -> list[edge.NodeInfo]:
+    """Every node Ray knows, alive or dead (a blocking GCS read)."""
+    out = []
+    for n in ray.nodes():
+        res = n.get("Resources") or {}
+        out.append(
+            edge.NodeInfo(
+                node_id=n["NodeID"],
+                ip=n.get("NodeManagerAddress", ""),
+                alive=bool(n.get("Alive")),
+                is_head=edge.HEAD_RESOURCE in res,
+                resources={str(k): float(v) for k, v in res.items()},
+                labels={str(k): str(v) for k, v in (n.get("Labels") or {}).items()},
+                raylet=f"{n['NodeManagerAddress']}:{n['NodeManagerPort']}"
+                if n.get("NodeManagerAddress") and n.get("NodeManagerPort")
+                else "",
+            )
+        )
+    return out
+
+
+def _group_info(gid: str, entry: dict) -> edge.GroupInfo:
+    nodes = entry.get("bundles_to_node_id") or {}
+    return edge.GroupInfo(
+        group_id=gid,
+        name=entry.get("name") or "",
+        state=entry.get("state", "PENDING"),
+        nodes=[nodes[i] for i in sorted(nodes)],
+    )
+
+
+class RayClusterIO:
+    """Ray behind the controller's cluster-I/O interface.
+
+    Args:
+        namespace: the GCS key-value namespace of the controller's table (no colon).
+        key_prefix: what every key of the table starts with.
+    """
+
+    def __init__(self, namespace: str, key_prefix: bytes = b"") -> None:
+        self._ns = namespace.encode()
+        self._kp = key_prefix
+        self.metrics = edge.RayMetrics()
+        self._events: collections.deque[edge.NodeEvent] = collections.deque()
+        self._arrived: asyncio.Event | None = None  # set while events wait to be drained
+        self._watch: asyncio.Task | None = None
+        self._alive: set[str] | None = None  # the alive set last seen
+        self._polling = False
+        self._subscribed = False
+        self._resubscriptions = 0
+        self._witnesses: dict[str, ray.actor.ActorHandle] = {}  # node -> kept witness
+
+    # ------------------------------------------------------------ key-value store
+    @staticmethod
+    def _gcs():
+        return ray._private.worker.global_worker.gcs_client
+
+    async def _gcs_call(self, what: str, call):
+        """``call(timeout)`` against the GCS, waited out while the head restarts."""
+        return await ray_gcs.aretry(call, what, _log_wait, gcs_unavailable)
+
+    async def kv_get(self, key: bytes) -> bytes | None:
+        return await self._gcs_call(
+            "reading the table",
+            lambda t: self._gcs().async_internal_kv_get(self._kp + key, self._ns, timeout=t),
+        )
+
+    async def kv_multi_get(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        if not keys:
+            return {}
+        full = [self._kp + k for k in keys]
+        got = await self._gcs_call(
+            "reading the table",
+            lambda t: self._gcs().async_internal_kv_multi_get(full, self._ns, timeout=t),
+        )
+        return {k[len(self._kp) :]: v for k, v in got.items()}
+
+    async def kv_put(self, key: bytes, value: bytes) -> None:
+        await self._gcs_call(
+            "writing the table",
+            lambda t: self._gcs().async_internal_kv_put(
+                self._kp + key, value, True, self._ns, timeout=t
+            ),
+        )
+
+    async def kv_delete(self, key: bytes) -> None:
+        await self._gcs_call(
+            "writing the table",
+            lambda t: self._gcs().async_internal_kv_del(self._kp + key, False, self._ns, timeout=t),
+        )
+
+    async def kv_keys(self, prefix: bytes) -> list[bytes]:
+        keys = await self._gcs_call(
+            "reading the table",
+            lambda t: self._gcs().async_internal_kv_keys(self._kp + prefix, self._ns, timeout=t),
+        )
+        return [k[len(self._kp) :] for k in keys]
+
+    # ------------------------------------------------------------ nodes
+    async def nodes(self) -> list[edge.NodeInfo]:
+        return await asyncio.to_thread(node_infos)
+
+    async def free_resources(self) -> dict[str, dict[str, float]]:
+        return await asyncio.to_thread(ray._private.state.available_resources_per_node)
+
+    async def node_events(self) -> list[edge.NodeEvent]:
+        if self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self._subscribe())
+        if self._polling or not self._subscribed:
+            await self._poll_nodes()  # no subscription (yet, or again): compare alive sets
+        out = list(self._events)
+        self._events.clear()
+        if self._arrived is not None:
+            self._arrived.clear()
+        return out
+
+    async def wait_for_events(self, timeout: float) -> None:
+        if self._arrived is None:
+            self._arrived = asyncio.Event()
+        polling = self._polling or not self._subscribed
+        if self._events or polling:  # polling learns of events only when asked
+            if polling:
+                await asyncio.sleep(timeout)
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._arrived.wait(), timeout)
+
+    async def dead_nodes(self, node_ids: list[str]) -> set[str]:
+        if not node_ids:
+            return set()
+        ids = sorted(set(node_ids))
+        wanted = [NodeID.from_hex(n) for n in ids]
+        alive = await self._gcs_call(
+            "asking which nodes are alive",
+            lambda t: self._gcs().async_check_alive(wanted, t),
+        )
+        return {n for n, up in zip(ids, alive, strict=True) if not up}
+
+    async def draining_nodes(self) -> dict[str, float]:
+        draining = await self._gcs_call(
+            "reading the draining nodes",
+            lambda t: asyncio.to_thread(self._gcs().get_draining_nodes, timeout=t),
+        )
+        return {n: ms / 1000.0 for n, ms in draining.items()}  # Ray: 0 for no deadline
+
+    async def node_answers(
+        self,
+        addresses: dict[str, str],
+        timeout: float,
+        why: dict[str, str] | None = None,
+        ways: dict[str, int] | None = None,
+    ) -> dict[str, str]:
+        return await asyncio.to_thread(answers.answers, addresses, timeout, why, ways or 1)
+
+    def keep_witnesses(self, node_ids: list[str]) -> None:
+        for gone in set(self._witnesses) - set(node_ids):
+            with contextlib.suppress(Exception):
+                ray.kill(self._witnesses.pop(gone))
+        for n in node_ids:
+            if n not in self._witnesses:
+                self._witnesses[n] = node_tasks.Witness.options(scheduling_strategy=_on(n)).remote()
+
+    async def witness_answers(
+        self, witness: str, addresses: dict[str, str], timeout: float, ways: int = 1
+    ) -> dict[str, str] | None:
+        actor = self._witnesses.get(witness)
+        if actor is None:  # not kept there (yet): one that starts now, and stays
+            self.keep_witnesses([*self._witnesses, witness])
+            actor = self._witnesses[witness]
+        ref = actor.ask.remote(addresses, timeout, ways)
+        try:  # its own wait, and as long again for the call to arrive and reply
+            return await asyncio.wait_for(_result(ref), 2 * timeout + WITNESS_SLACK)
+        except Exception as e:  # its node lost, or late: this witness says nothing
+            log.info("witness %s did not reply: %s", witness[:12], type(e).__name__)
+            if not isinstance(e, asyncio.TimeoutError):
+                self._witnesses.pop(witness, None)  # dead: made anew when next wanted
+            return None
+
+    async def fence(self, node_id: str, why: str) -> None:
+        gcs = ray.get_runtime_context().gcs_address
+        await asyncio.to_thread(fence_node, gcs, node_id, why)
+
+    def watching(self) -> str:
+        """How node events arrive: ``subscribed`` (pushed by the GCS), ``reconnecting``
+        (no subscription yet or again: alive sets are compared on every tick meanwhile,
+        and once more on subscribing), or ``polling`` (this Ray has no subscriber)."""
+        if self._polling:
+            return "polling"
+        return "subscribed" if self._subscribed else "reconnecting"
+
+    async def _subscribe(self) -> None:
+        """Follow Ray's node-info channel, pushed by the GCS, across GCS restarts.
+
+        A restarted GCS does not know the old subscription: the long poll then answers
+        at once with nothing, forever (measured on Ray 2.60). An empty answer therefore
+        means the GCS went away: the subscriber is dropped and made anew (with backoff),
+        and the nodes whose state changed meanwhile become events, from one read of the
+        node table compared with the alive set last seen (read after subscribing, so no
+        change falls in between).
+        """
+        try:
+            from ray._private.gcs_pubsub import GcsAioNodeInfoSubscriber
+        except ImportError as e:
+            log.warning("node-info subscription unavailable (%s); polling node states", e)
+            self._polling = True
+            return
+        address = ray.get_runtime_context().gcs_address
+        backoff = 0.1
+        while True:
+            sub = None
+            try:
+                sub = GcsAioNodeInfoSubscriber(address=address)
+                await sub.subscribe()
+                await self._poll_nodes()  # what changed while nobody listened
+                self._wake()
+                if self._resubscriptions:
+                    log.warning("node events: subscribed again after the GCS came back")
+                self._subscribed = True
+                self._resubscriptions += 1
+                backoff = 0.1
+                while True:
+                    got = await sub.poll(batch_size=1000)
+                    if not got:
+                        break
+                    for node_id, info in got:
+                        self._event(edge.NodeEvent(bytes(node_id).hex(), info.state == 0))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.info("node-info subscription: %s", e)
+            if self._subscribed:
+                log.warning("node events: the GCS went away; subscribing again")
+            self._subscribed = False
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(sub.close(), 1.0)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    def _event(self, event: edge.NodeEvent) -> None:
+        if self._alive is not None:
+            (self._alive.add if event.alive else self._alive.discard)(event.node_id)
+        self._events.append(event)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._events and self._arrived is not None:
+            self._arrived.set()
+
+    async def _poll_nodes(self) -> None:
+        alive = {n.node_id for n in await self.nodes() if n.alive}
+        if self._alive is not None:
+            self._events.extend(edge.NodeEvent(n, False) for n in sorted(self._alive - alive))
+            self._events.extend(edge.NodeEvent(n, True) for n in sorted(alive - self._alive))
+        self._alive = alive
+
+    # ------------------------------------------------------------ placement groups
+    async def create_group(self, name: str, bundles: list[dict[str, float]], node_id: str) -> str:
+        def make() -> str:
+            pg = placement_group(
+                bundles,
+                strategy="PACK",
+                name=name,
+                lifetime="detached",
+                bundle_label_selector=[{"ray.io/node-id": node_id}] * len(bundles),
+            )
+            return pg.id.hex()
+
+        return await asyncio.to_thread(make)
+
+    async def create_demand(self, name: str, group: DemandGroup) -> str:
+        def make() -> str:
+            pg = placement_group(
+                group.bundles,
+                strategy=group.strategy,
+                name=name,
+                bundle_label_selector=[group.selector()] * len(group.bundles),
+            )  # not detached: it goes with the controller that holds it
+            return pg.id.hex()
+
+        return await asyncio.to_thread(make)
+
+    async def wait_group(self, group_id: str, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(_result(group_handle(group_id).ready()), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def remove_group(self, group_id: str) -> None:
+        await asyncio.to_thread(ray.util.remove_placement_group, group_handle(group_id))
+
+    async def groups(self, ids: list[str] | None = None) -> dict[str, edge.GroupInfo]:
+        def read() -> dict[str, edge.GroupInfo]:
+            if ids is None or len(ids) > 16:
+                table = placement_group_table()
+                wanted = table if ids is None else {i: table[i] for i in ids if i in table}
+                return {gid: _group_info(gid, e) for gid, e in wanted.items()}
+            out = {}
+            for gid in ids:
+                entry = placement_group_table(group_handle(gid))
+                if entry:
+                    out[gid] = _group_info(gid, entry)
+            return out
+
+        return await asyncio.to_thread(read)
+
+    # ------------------------------------------------------------ tasks in the cluster
+    async def probe(self, group_id: str, bundle_index: int, accelerator: str) -> edge.DeviceInfo:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        request = (
+            {"num_gpus": PROBE_SHARE}
+            if accelerator == "GPU"
+            else {"resources": {accelerator: PROBE_SHARE}}
+        )
+        ref = node_tasks.probe.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group_handle(group_id), placement_group_bundle_index=bundle_index
+            ),
+            **request,
+        ).remote(accelerator)
+        return edge.DeviceInfo(**(await _result(ref)))
+
+    async def free_ports(self, node_id: str, candidates: list[int]) -> list[int]:
+        ref = node_tasks.free_ports.options(scheduling_strategy=_on(node_id)).remote(candidates)
+        return await _result(ref)
+
+    async def end_leftovers(self, node_id: str, uid: str) -> list[str]:
+        ref = node_tasks.end_leftovers.options(scheduling_strategy=_on(node_id)).remote(uid)
+        return await _result(ref)
+
+    def warm(self, node_id: str) -> None:
+        node_tasks.warm.options(scheduling_strategy=_on(node_id)).remote()
+
+    def own_node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def gcs_store(self) -> str:
+        return gcs_store(os.environ)
+
+
+def _log_wait(message: str) -> None:
+    log.warning("%s", message)
+
+
+# A kept witness answers in milliseconds; one started for the question first starts a
+# process (about a second on a loaded 2-core machine).
+WITNESS_SLACK = 1.0
+PROBE_SHARE = 0.0001  # a sliver of the accelerator, so Ray shows the probe its device
+
+
+async def _result(ref: ray.ObjectRef):
+    """Await an ObjectRef so that cancelling the waiter never cancels Ray's own future
+    (Ray then fails an internal assertion as it sets the result)."""
+    return await asyncio.shield(asyncio.wrap_future(ref.future()))
+
+
+def _on(node_id: str):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id, soft=False)

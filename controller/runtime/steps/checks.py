@@ -1,0 +1,160 @@
+"""What Ray says about the reservations: node events, direct questions about a job's
+nodes, and the state (ready or degraded) each settled reservation is recorded in.
+
+The loop's ticks and the calls that answer about a reservation both come here, so
+"ready" means the same thing everywhere: no node of the reservation is dead as Ray
+reports it, and (at a check with Ray's group table) every group is CREATED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from controller.runtime.core import groups
+from controller.runtime.core.context import Context
+from controller.runtime.core.stewards import Trigger
+from controller.runtime.edge import GroupInfo
+from controller.state.records import DEGRADED, MANUAL, READY, ReservationRecord, with_dead_nodes
+
+log = logging.getLogger("placectl.controller")
+
+
+class Checker:
+    """Keeps each settled reservation's recorded state in line with Ray.
+
+    It owns the jobs waiting to be checked again (found while another call held them, or
+    on a node an event named) and the loop's wake-up: a check that finds work wakes the
+    loop instead of leaving it to the next period.
+    """
+
+    def __init__(self, ctx: Context) -> None:
+        self._io, self._state, self._nodes = ctx.io, ctx.state, ctx.nodes
+        self._stewards = ctx.stewards
+        self._records = ctx.records
+        self._recheck: set[str] = set()
+        self._joined = False  # a node joined since the last take_joined()
+        self._wakeup = asyncio.Event()
+
+    # ------------------------------------------------------------ what to look at
+    def recheck(self, job: str) -> None:
+        """Check ``job`` again at the next tick."""
+        self._recheck.add(job)
+
+    def take_rechecks(self) -> set[str]:
+        jobs, self._recheck = self._recheck, set()
+        return jobs
+
+    def take_joined(self) -> bool:
+        joined, self._joined = self._joined, False
+        return joined
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    async def idle(self, period: float) -> None:
+        """Wait for the next tick: ``period``, or less when a node event arrives or a
+        call found work (a lost node is acted on at once)."""
+        waits = {
+            asyncio.ensure_future(self._io.wait_for_events(period)),
+            asyncio.ensure_future(self._wakeup.wait()),
+        }
+        try:
+            await asyncio.wait(waits, timeout=period, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            self._wakeup.clear()
+
+    async def drain_events(self) -> None:
+        """Take Ray's node events: the alive set follows them, and the jobs on a node
+        that changed are checked at the next tick."""
+        for event in await self._io.node_events():
+            if event.alive:
+                self._nodes.joined(event.node_id)
+                self._joined = True
+            else:
+                self._nodes.died(event.node_id)
+            self._recheck.update(self._state.jobs_on(event.node_id))
+
+    # ------------------------------------------------------------ answers
+    def truthful(self, res: ReservationRecord) -> ReservationRecord:
+        """``res`` as it stands with the nodes known dead."""
+        return with_dead_nodes(res, {n for n in res.node_ids() if not self._nodes.alive(n)})
+
+    async def confirm(self, jobs) -> None:
+        """Make what the controller answers about ``jobs`` agree with Ray right now.
+
+        Node events that arrived are taken, and the nodes these jobs hold are asked of
+        Ray directly (one round trip for all of them), so no call answers ``ready`` for
+        a reservation on a node Ray reports dead, even in the moment before the loop
+        has seen the event. A job found on a dead node is recorded degraded here unless
+        another call holds it (the answer says so anyway, see :meth:`truthful`), and
+        the loop is woken to repair it.
+        """
+        await self.drain_events()
+        held = [r for j in jobs if (r := self._state.get(j)) is not None and r.settled]
+        nodes = sorted({n for r in held for n in r.node_ids()})
+        if not nodes:
+            return
+        dead = await self._io.dead_nodes(nodes)
+        for node in nodes:
+            if node in dead:
+                self._nodes.died(node)
+            else:
+                self._nodes.joined(node)  # Ray's answer is newer than any event held
+        for res in held:
+            if not res.node_ids() & dead:
+                continue
+            self.recheck(res.job)
+            self.wake()
+            if res.state == READY and not self._stewards.busy(res.job):
+                await self.check(res.job, await self._io.groups(sorted(res.group_ids())))
+
+    async def check(self, job: str, table: dict[str, GroupInfo]) -> None:
+        """Record a settled reservation ready or degraded by what Ray reports (``table``:
+        Ray's entries of its groups). A new verdict is a change of the job's record, so
+        it is a step of the job's steward, posted only when the steward is idle (a job
+        a step is changing is checked again at the next tick instead) and only when the
+        verdict differs from the record: a check that changes nothing is a read."""
+        if self._stewards.busy(job):
+            self.recheck(job)
+            return
+        if self._verdict(job, table) is None:
+            return
+
+        async def step() -> None:
+            verdict = self._verdict(job, table)  # again: on the record current now
+            if verdict is None:
+                return
+            res, state, reason, cause = verdict
+            try:
+                await self._records.judged(res, state, reason, cause)
+            except Exception as e:
+                self.recheck(job)  # memory is unchanged: try again next tick
+                log.warning("could not record that %r is %s: %s", job, state, e)
+                return
+            log.warning("reservation %r is now %s %s", job, state, reason)
+
+        await self._stewards.run(job, Trigger.CHECK, step)
+
+    def _verdict(
+        self, job: str, table: dict[str, GroupInfo]
+    ) -> tuple[ReservationRecord, str, str, str] | None:
+        """The record of ``job`` and its new state, reason and cause by ``table``; None
+        when there is nothing to change."""
+        res = self._state.get(job)
+        if res is None or not res.settled:
+            return None
+        found = list(groups.broken_slots(res, table, self._nodes).values())
+        state, reason = (DEGRADED, "; ".join(b.why for b in found)) if found else (READY, "")
+        cause = found[0].cause if found else ""
+        if state == res.state == DEGRADED:
+            return None  # while degraded, the repair owns the reason
+        if state == READY and res.preempt_at:
+            reason = res.reason  # the deadline's explanation stays until release
+        if state == DEGRADED and res.repair == MANUAL:
+            reason += f"; repair policy is manual: run `placectl repair {job}`"
+        if (state, reason, cause) == (res.state, res.reason, res.cause):
+            return None
+        return res, state, reason, cause

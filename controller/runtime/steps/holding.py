@@ -1,0 +1,191 @@
+"""Held spares: a reservation with ``cluster.spares: N`` holds N whole nodes of its
+slots' kind, each as one placement group with the bundles of one node's slots, so that a
+repair finds its replacement already placed and probed (:mod:`controller.runtime.steps.repair`
+makes a held group a slot; :func:`controller.state.spares.held_for` says which).
+
+Guarantees:
+
+* A held spare is on a live node of the same kind as the reservation's nodes, matching
+  their node-group selectors, not draining, outside the reservation, its group placed and
+  its devices probed. One that stops being so (its node died or drains, Ray removed its
+  group, an apply changed the node's shape) is dropped and another taken.
+* Holding never delays or degrades the reservation: it runs only while the reservation is
+  ``ready`` and nothing else of the job is in progress, in a step of the job's steward,
+  and a spare that cannot be had now is taken when a node joins or after
+  ``settings.repair_retry``. Holding takes free nodes only: it never asks the autoscaler.
+* A group it is making is never an orphan (:meth:`Holder.making`), and one it made for a
+  step that failed is removed before the step ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+
+from controller.runtime import core
+from controller.runtime.core import groups
+from controller.runtime.core.context import Context
+from controller.runtime.core.stewards import Trigger
+from controller.runtime.edge import CREATED
+from controller.state.records import AUTO, READY, ReservationRecord, SlotRecord
+from controller.state.spares import (
+    choose_spare,
+    need_of,
+    selectors_for,
+    shape,
+    spare_bundles,
+)
+
+log = logging.getLogger("placectl.controller")
+
+
+class Holder:
+    """Keeps each ready reservation's held spares at its ``cluster.spares``."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._io, self._state, self._nodes = ctx.io, ctx.state, ctx.nodes
+        self._stewards = ctx.stewards
+        self._records = ctx.records
+        self.settings = ctx.settings
+        self._prefix = ctx.prefix
+        self._tasks = ctx.tasks
+        self._after: dict[str, float] = {}  # job -> when it may be tried again
+        self._making: dict[str, set[str]] = {}  # job -> names of groups being made
+        self._short: dict[str, str] = {}  # job -> why it holds fewer (logged once)
+
+    def making(self) -> set[str]:
+        """Names of spare groups being made (not orphans)."""
+        return {n for names in self._making.values() for n in names}
+
+    def retry_now(self) -> None:
+        """A node joined: a spare may be had now."""
+        self._after.clear()
+
+    def due(self, res: ReservationRecord) -> bool:
+        """Whether ``res`` should take or drop a held spare now."""
+        if not res.spec.spares and not res.spares:
+            return False  # the common case, every tick: nothing to look at
+        if res.state != READY or res.repair != AUTO or res.applying is not None:
+            return False
+        if core.now() < self._after.get(res.job, 0.0):
+            return False
+        return len(res.spares) != res.spec.spares or bool(self._unfit(res))
+
+    def schedule(self, job: str) -> None:
+        self._tasks.start("hold", job, self.hold(job))
+
+    def _unfit(self, res: ReservationRecord, table: dict | None = None) -> set[int]:
+        """Indexes of held spares to drop: on a node gone or draining, inside the
+        reservation, of another shape than its nodes now have, or (``table``: Ray's
+        entries of their groups) whose group is not placed."""
+        _, bundles = spare_bundles(res)
+        want, inside = shape(bundles), res.node_ids()
+        draining = set(self._nodes.draining)
+        out = set()
+        for i, s in enumerate(res.spares):
+            gone = s.node_id not in self._nodes or s.node_id in draining or s.node_id in inside
+            placed = table is None or (s.group_id in table and table[s.group_id].state == CREATED)
+            if gone or not placed or shape(s.bundles) != want:
+                out.add(i)
+        return out
+
+    async def hold(self, job: str) -> None:
+        """One step: drop the unfit held spares, take the missing ones (as many as free
+        nodes allow), write the record, then remove the dropped groups."""
+        dropped: set[str] = set()
+
+        async def step() -> None:
+            res = self._state.get(job)
+            if res is None or not self.due(res):
+                return
+            table = await self._io.groups(sorted(s.group_id for s in res.spares if s.group_id))
+            unfit = self._unfit(res, table)
+            kept = [s for i, s in enumerate(res.spares) if i not in unfit]
+            fresh = await self._take(res, kept, res.spec.spares - len(kept))
+            if not unfit and not fresh and len(kept) <= res.spec.spares:
+                return
+            spares = (kept + fresh)[: res.spec.spares]
+            try:
+                await self._records.held(res, spares)
+            except BaseException:
+                dropped.update(s.group_id for s in fresh)  # never recorded: not held
+                raise
+            dropped.update(s.group_id for s in res.spares + fresh if s not in spares)
+            log.info(
+                "reservation %r holds %d of %d spares (%s)",
+                job,
+                len(spares),
+                res.spec.spares,
+                ", ".join(s.node_ip for s in spares) or "none",
+            )
+
+        try:
+            await self._stewards.run(job, Trigger.HOLD, step)
+        except Exception as e:
+            log.warning("holding spares for %r failed, will retry: %s", job, e)
+            self._after[job] = core.now() + self.settings.repair_retry
+        finally:
+            self._making.pop(job, None)
+        left = await groups.remove_verified(self._io, dropped, self.settings.removal_timeout)
+        if left:
+            log.warning("dropped spares of %r not removed yet: %s", job, sorted(left))
+
+    async def _take(self, res: ReservationRecord, kept: list[SlotRecord], n: int) -> list:
+        """Up to ``n`` new held spares on free nodes, placed and probed; why there are
+        fewer is logged once. Every group made is removed if this fails."""
+        if n <= 0:
+            self._short.pop(res.job, None)
+            return []
+        rank, bundles = spare_bundles(res)
+        need = need_of(bundles)
+        self._nodes.set_all(await self._io.nodes())
+        draining = self._nodes.draining
+        live = [
+            n for n in self._nodes.view(res.spec.accelerator).nodes if n.node_id not in draining
+        ]
+        free = await self._io.free_resources()
+        taken = res.node_ids() | {s.node_id for s in kept}
+        selectors = selectors_for(res, rank)
+        token, fresh = secrets.token_hex(3), []
+        for k in range(n):
+            node = choose_spare(res.nodes[rank], live, free, need, taken, selectors)
+            if node is None:
+                break
+            taken.add(node.node_id)
+            name = f"{self._prefix}{res.job}:{token}:spare{k}"
+            fresh.append(
+                SlotRecord(
+                    node_rank=-1,
+                    node_id=node.node_id,
+                    node_ip=node.ip,
+                    group_name=name,
+                    bundles=bundles,
+                )
+            )
+        if len(fresh) < n:
+            wants = ", ".join(f"{k} {v:g}" for k, v in sorted(need.items()))
+            why = (
+                f"holds {len(kept) + len(fresh)} of {res.spec.spares} spares: no other free "
+                f"node of the kind of node rank {rank} with {wants}"
+            )
+            if self._short.get(res.job) != why:  # said once, not at every retry
+                log.warning("reservation %r %s; it takes one when a node joins", res.job, why)
+            self._short[res.job] = why
+            self._after[res.job] = core.now() + self.settings.repair_retry
+        else:
+            self._short.pop(res.job, None)
+        if not fresh:
+            return []
+        self._making[res.job] = {s.group_name for s in fresh}
+        created: dict[int, str] = {}
+        deadline = core.now() + self.settings.repair_timeout
+        try:
+            fresh = await groups.create_and_wait(
+                self._io, res.job, fresh, deadline, lambda m: None, created
+            )
+            return await groups.probe(self._io, res.job, fresh, res.spec.accelerator, deadline)
+        except BaseException:
+            await groups.remove_verified(
+                self._io, set(created.values()), self.settings.removal_timeout
+            )
+            raise
