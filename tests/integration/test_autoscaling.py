@@ -100,3 +100,25 @@ def test_a_reservation_gets_its_nodes_moves_and_is_repaired_onto_new_ones_and_gi
         ctl.release("grow")
         wait_for(lambda: not launched & alive(), timeout=60)
     assert demand_groups() == {}
+
+
+def test_a_spare_no_free_node_can_be_is_held_on_a_node_the_autoscaler_adds(cluster, ctl):
+    """``spares: 1`` on a cluster with no free node: the controller asks for one more node
+    of the job's kind, and holds its group on the node the autoscaler adds for it (read
+    from Ray's placement group table); released, both nodes go."""
+    with LocalAutoscaler(cluster, idle_timeout_s=IDLE_S) as scaler:
+        config = {"num_nodes": 2, "component_placement": {"actor": "0-3"}, "spares": 1}
+        res = ctl.reserve("spared", config, timeout_s=120)
+        assert res.state == "ready"
+        held = wait_for(lambda: res.refresh().spares, timeout=120)
+        launched = set(scaler.settle())
+        assert len(launched) == 2, "\n".join(m for _, m in scaler.log)  # the job's, the spare's
+        (spare,) = held
+        table = ray.util.placement_group_table()[spare.group_id]
+        assert table["state"] == "CREATED"
+        (on,) = set(table["bundles_to_node_id"].values())
+        assert on in launched and on not in {s.node_id for s in res.refresh().slots}
+        wait_for(lambda: not demand_groups(), timeout=60)  # nothing asked once held
+        ctl.release("spared")
+        wait_for(lambda: not launched & alive(), timeout=60)
+    assert demand_groups() == {}

@@ -229,3 +229,56 @@ def test_a_spare_asked_for_is_withdrawn_when_the_reservation_is_released():
         await ctl.stop()
 
     run(go())
+
+
+def test_a_spare_no_free_node_can_be_is_asked_of_the_autoscaler_and_held_where_it_joins():
+    async def go():
+        fake = cluster(gpu_nodes=1)  # the job's node, and no other
+        ctl = await controller(fake)
+        await ctl.reserve("j", {**spec("0-3", num_nodes=2), "spares": 1}, 5)
+        assert stored(fake, "j").state == "ready"  # the spare never holds the job up
+        await until(lambda: demand_groups(fake))  # asked: one node of the job's kind
+        (asked,) = [fake.groups_by_id[g].demand for g in demand_groups(fake)]
+        assert sum(b.get("GPU", 0) for b in asked.bundles) == 4
+        async with autoscaled(fake) as scaler:
+            rec = await until(lambda: (r := stored(fake, "j")).spares and r, timeout=10)
+            (spare,) = rec.spares
+            assert scaler.added == [spare.node_id]  # held on the node added for it
+            assert fake.groups_by_id[spare.group_id].node_id == spare.node_id
+            await until(lambda: not demand_groups(fake))  # withdrawn once held
+            await asyncio.sleep(1.0)  # the autoscaler's idle timeout, three times over
+            assert scaler.removed == []  # a held spare is not an idle node
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_released_reservation_takes_back_what_it_asked_for_its_spares():
+    async def go():
+        fake = cluster(gpu_nodes=1)
+        ctl = await controller(fake)
+        await ctl.reserve("j", {**spec("0-3", num_nodes=2), "spares": 1}, 5)
+        await until(lambda: demand_groups(fake))
+        await ctl.release("j")
+        await until(lambda: not demand_groups(fake))
+        assert live_groups(fake) == set()
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_spare_freed_by_another_job_is_held_and_the_demand_for_one_withdrawn():
+    async def go():
+        fake = cluster(gpu_nodes=2)
+        ctl = await controller(fake)
+        await ctl.reserve("other", spec("0-3", num_nodes=3), 5)  # one node each
+        await ctl.reserve("j", {**spec("4-7", num_nodes=3), "spares": 1}, 5)
+        await until(lambda: demand_groups(fake))  # no free node: asked
+        freed = stored(fake, "other").slots[0].node_id
+        await ctl.release("other")
+        rec = await until(lambda: (r := stored(fake, "j")).spares and r, timeout=10)
+        assert rec.spares[0].node_id == freed
+        await until(lambda: not demand_groups(fake))  # nothing asked any more
+        await ctl.stop()
+
+    run(go())

@@ -12,7 +12,11 @@ Guarantees:
 * Holding never delays or degrades the reservation: it runs only while the reservation is
   ``ready`` and nothing else of the job is in progress, in a step of the job's steward,
   and a spare that cannot be had now is taken when a node joins or after
-  ``settings.repair_retry``. Holding takes free nodes only: it never asks the autoscaler.
+  ``settings.repair_retry``.
+* A spare no free node can be is asked of the cluster's autoscaler, as a repair asks for
+  its spare (one node of the kind per spare missing, demand key ``hold/<job>``); the node
+  that joins for it is held at the next step, and the demand withdrawn once every spare
+  is held, or the reservation is gone or wants fewer.
 * A group it is making is never an orphan (:meth:`Holder.making`), and one it made for a
   step that failed is removed before the step ends.
 """
@@ -35,8 +39,11 @@ from controller.state.spares import (
     shape,
     spare_bundles,
 )
+from controller.state.wants import for_spare
 
 log = logging.getLogger("placectl.controller")
+
+HOLD = "hold"  # the demand key's kind: hold/<job>, spares asked of the autoscaler
 
 
 class Holder:
@@ -48,7 +55,7 @@ class Holder:
         self._records = ctx.records
         self.settings = ctx.settings
         self._prefix = ctx.prefix
-        self._tasks = ctx.tasks
+        self._tasks, self._demand = ctx.tasks, ctx.demand
         self._after: dict[str, float] = {}  # job -> when it may be tried again
         self._making: dict[str, set[str]] = {}  # job -> names of groups being made
         self._short: dict[str, str] = {}  # job -> why it holds fewer (logged once)
@@ -136,6 +143,8 @@ class Holder:
         if n <= 0:
             self._short.pop(res.job, None)
             return []
+        key = f"{HOLD}/{res.job}"
+        await self._demand.settle(key)  # a node that joined for a spare: free to take now
         rank, bundles = spare_bundles(res)
         need = need_of(bundles)
         self._nodes.set_all(await self._io.nodes())
@@ -169,11 +178,22 @@ class Holder:
                 f"node of the kind of node rank {rank} with {wants}"
             )
             if self._short.get(res.job) != why:  # said once, not at every retry
-                log.warning("reservation %r %s; it takes one when a node joins", res.job, why)
+                log.warning(
+                    "reservation %r %s; it asks the autoscaler and takes one when a node joins",
+                    res.job,
+                    why,
+                )
             self._short[res.job] = why
             self._after[res.job] = core.now() + self.settings.repair_retry
+            one = SlotRecord(node_rank=-1, node_id="", node_ip="", group_name="", bundles=bundles)
+            missing = [one] * (n - len(fresh))
+            view = self._nodes.view(res.spec.accelerator)
+            await self._demand.want(
+                key, for_spare(missing, res.nodes[rank], view, res.spec.accelerator)
+            )
         else:
             self._short.pop(res.job, None)
+            await self._demand.withdraw(key)
         if not fresh:
             return []
         self._making[res.job] = {s.group_name for s in fresh}

@@ -25,7 +25,7 @@ from controller.runtime.core.stewards import Trigger
 from controller.runtime.core.store import Loaded
 from controller.runtime.edge import REMOVED, GroupInfo, NodeInfo
 from controller.runtime.steps.checks import Checker
-from controller.runtime.steps.holding import Holder
+from controller.runtime.steps.holding import HOLD, Holder
 from controller.runtime.steps.repair import Repairer
 from controller.runtime.steps.reserving import Reserver
 from controller.state.records import AUTO, DEGRADED, PENDING, READY, RELEASING
@@ -213,18 +213,28 @@ class Reconciler:
                 self._tasks.start("finish", job, self._finish_release(job))
 
     async def _prune_demand(self) -> None:
-        """Withdraw what nobody asks for any more: wants of jobs gone, and spares of
-        reservations ready with nothing on a draining node (repaired meanwhile)."""
+        """Withdraw what nobody asks for any more: wants of jobs gone, spares of
+        reservations ready with nothing on a draining node (repaired meanwhile), and held
+        spares asked for a reservation that holds them all now, or wants fewer."""
         demand, draining = self._demand, set(self._nodes.draining)
         await demand.keep_only(set(self._state.records) | self._tasks.keys("reserve"))
-        if any(k.startswith("spare/") for k in await demand.placed()):
+        placed = await demand.placed()
+        if any(k.startswith("spare/") for k in placed):
             self._repairer.retry_now()  # a node joined for a repair: it runs now
+        if any(k.startswith(f"{HOLD}/") for k in placed):
+            self._holder.retry_now()  # one joined to be held: taken at the next tick
         for key in list(demand.wants()):
             kind, job = key.split("/", 1)
             res = self._state.get(job)
             settled = res is not None and res.state == READY and not res.node_ids() & draining
             if kind == "spare" and settled and not self._stewards.busy(job):
                 await demand.withdraw(key)
+            elif (
+                kind == HOLD
+                and not self._stewards.busy(job)
+                and (res is None or len(res.spares) >= res.spec.spares)
+            ):
+                await demand.withdraw(key)  # every spare held, or fewer wanted now
 
     async def _clear_intent(self, job: str) -> None:
         async def step() -> None:
