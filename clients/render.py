@@ -167,9 +167,13 @@ def render_summary(cp: ComponentPlacement) -> list[str]:
     return lines
 
 
-def render_reservation(info, assignments: dict[str, list]) -> str:
+def render_reservation(
+    info, assignments: dict[str, list], standbys: dict[str, list[str]] | None = None
+) -> str:
     """A reserved job's map: one row per node slot (with its IP), one cell per physical
-    accelerator id listing the ``component:ranks`` on it."""
+    accelerator id listing the ``component:ranks`` on it; then its held spares and, per
+    component with standbys, how many are ready, starting and missing (``standbys``:
+    each standby's state, by component)."""
     acc = info.accelerator
     on_node: dict[int, list] = {}
     for s in info.slots:  # a node may hold several groups after an apply
@@ -215,6 +219,9 @@ def render_reservation(info, assignments: dict[str, list]) -> str:
         out.append(
             f"spares: {len(info.spares)} of {info.spares_wanted} held" + (held and f": {held}")
         )
+    for name, states in (standbys or {}).items():
+        counts = ", ".join(f"{states.count(s)} {s}" for s in ("ready", "starting", "missing"))
+        out.append(f"standbys of {name}: {counts}" if states else f"standbys of {name}: none")
     return "\n".join(out)
 
 

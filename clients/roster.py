@@ -38,6 +38,11 @@ class Launch:
         self.per_rank_env = per_rank_env
 
 
+# A standby is named after its bundle; Ray frees a name once it sees the actor dead:
+# milliseconds, unless its node died unseen (then a group shutting down waits this long).
+STANDBY_NAMES_FREE_S = 10.0
+
+
 class Roster:
     """One group's workers by rank (see the module docstring).
 
@@ -85,8 +90,9 @@ class Roster:
         self, a: Assignment, world: int, name: str | None = None, standby: bool = False
     ) -> tuple[Any, str | None, str]:
         """Start a worker for ``a`` (named ``name`` if detached; default the rank's
-        name); the actor, its name and its tag. A ``standby`` is no rank: it gets the
-        constructor's common arguments only."""
+        name); the actor, its name (a detached one's) and its tag. A ``standby`` is no
+        rank: it gets the constructor's common arguments only, and is named ``name``
+        whether detached or not."""
         launch = self.require_launch("starting a worker")
         rank = a.placement.rank
         extra = {} if standby else rank_kwargs_for(launch.rank_kwargs, world)[rank]
@@ -96,11 +102,20 @@ class Roster:
         options["runtime_env"]["env_vars"][TAG] = tag
         if launch.per_rank_env is not None and not standby:
             options["runtime_env"]["env_vars"].update(launch.per_rank_env(a))
+        if self.detached or standby:  # a standby is named always: status finds it
+            options.update(name=name, namespace=WORKER_NAMESPACE)
         if self.detached:
-            options.update(name=name, namespace=WORKER_NAMESPACE, lifetime="detached")
-        actor = launch.actor_cls.options(**options).remote(
-            *launch.args, **{**launch.kwargs, **extra}
-        )
+            options.update(lifetime="detached")
+        args, kwargs = launch.args, {**launch.kwargs, **extra}
+        try:
+            actor = launch.actor_cls.options(**options).remote(*args, **kwargs)
+        except ValueError:  # the name is taken
+            if self.detached or not standby:
+                raise
+            # A crashed driver's standby of this bundle, not yet reaped: start this one
+            # unnamed (status cannot see it) rather than fail the launch.
+            del options["name"], options["namespace"]
+            actor = launch.actor_cls.options(**options).remote(*args, **kwargs)
         return actor, name if self.detached else None, tag
 
     def end_leftovers(self, stopped: list[tuple[Assignment, str | None]]) -> None:
@@ -134,7 +149,13 @@ class Roster:
         )
         reused = set(ranks) if reused is None else reused
         names = [self.names[r] for r in ranks if self.detached and self.names[r] and r in reused]
-        deadline = time.monotonic() + 60
+        self.wait_names_free(names)
+
+    @staticmethod
+    def wait_names_free(names: list[str], within: float = 60.0) -> None:
+        """Until Ray has freed each of ``names`` (its actor killed), at most ``within``
+        seconds in all: a new worker of the same name can start then."""
+        deadline = time.monotonic() + within
         for name in names:
             while time.monotonic() < deadline:
                 try:
@@ -181,11 +202,21 @@ class Roster:
             env[TAG] = tag  # the tag its processes were started with
         return actor.__ray_call__.remote(promote_here, env)
 
+    def drop_standbys(self, keep: set, free_names: bool = False) -> None:
+        """Kill the standbys not in ``keep`` (bundle keys) and end what they left on
+        their nodes; with ``free_names``, wait (``STANDBY_NAMES_FREE_S`` at most) until
+        their names are free for new standbys in the same bundles (a group launched
+        again on the same held spares)."""
+        dropped = self.standbys.drop(keep)
+        self.end_leftovers(dropped)
+        if free_names:
+            names = [standby_name(self.job, self.component, a) for a, _ in dropped]
+            self.wait_names_free(names, within=STANDBY_NAMES_FREE_S)
+
     def refill_standbys(self, wanted: list[Assignment]) -> list:
         """Standbys for ``wanted`` (the held spares' bundles): those whose spare is gone
         are killed, the missing ones started; the actors started."""
-        dropped = self.standbys.drop({key_of(a) for a in wanted})
-        self.end_leftovers(dropped)
+        self.drop_standbys({key_of(a) for a in wanted})
         started = []
         for a in wanted:
             if key_of(a) in self.standbys.running:

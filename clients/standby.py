@@ -33,6 +33,10 @@ from controller.state.spares import STANDBY
 
 Key = tuple[str, int]  # (placement group id, bundle index)
 
+# What status says of a standby, from Ray's actor table under the standby's name.
+READY, STARTING, MISSING = "ready", "starting", "missing"
+_STARTING = {"PENDING_CREATION", "DEPENDENCIES_UNREADY", "RESTARTING"}
+
 
 def key_of(a: Assignment) -> Key:
     return (a.placement_group_id, a.bundle_index)
@@ -47,6 +51,30 @@ def standby_name(job: str, component: str, a: Assignment) -> str:
     """The name of a detached standby in the bundle of ``a`` (namespace
     ``placectl-workers``); a promoted one keeps it."""
     return f"{job}.{component}~{a.placement_group_id}.{a.bundle_index}"
+
+
+def standby_states(reservation: Any) -> dict[str, list[tuple[Assignment, str]]]:
+    """For each component with ``standby: true``, each standby it should have on the held
+    spares and what Ray's actor table says of the one by that name: ``ready`` (its
+    process runs), ``starting`` (created, not running yet, or restarting) or ``missing``
+    (none by that name, or dead). Read from Ray, so another driver's standbys count."""
+    out: dict[str, list[tuple[Assignment, str]]] = {}
+    for component in reservation.components:
+        if not reservation.spec.component(component).standby:
+            continue
+        rows = out.setdefault(component, [])
+        for a in reservation.standbys(component):
+            try:
+                name = standby_name(reservation.job, component, a)
+                actor = ray.get_actor(name, namespace=WORKER_NAMESPACE)
+            except ValueError:
+                rows.append((a, MISSING))
+                continue
+            entry = ray._private.state.state.actor_table(actor._actor_id.hex()) or {}
+            state = entry.get("State")
+            said = READY if state == "ALIVE" else STARTING if state in _STARTING else MISSING
+            rows.append((a, said))
+    return out
 
 
 def promote_here(instance: Any, env: dict[str, str]) -> int:

@@ -285,7 +285,7 @@ class WorkerGroup:
         if len(self._roster.standbys):
             held = held_groups(res)
             keep |= {key for key in self._roster.standbys.running if key[0] in held}
-        self._roster.end_leftovers(self._roster.standbys.drop(keep))
+        self._roster.drop_standbys(keep)
         self._roster.relaunch(lost, fresh)
         if lost:
             label = f"{res.job}/{self.component}"
@@ -393,5 +393,5 @@ class WorkerGroup:
         if cleanup is not None and self._roster.actors:
             refs = [getattr(a, cleanup).remote() for a in self._roster.actors]
             ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        self._roster.end_leftovers(self._roster.standbys.drop(set()))
+        self._roster.drop_standbys(set(), free_names=True)
         self._roster.shrink(0, wait=False)

@@ -188,8 +188,15 @@ def _status(ctl, job):
         if res.info.state in ("ready", "degraded")
         else {}
     )
-    data = {"reservation": res.info, "assignments": assignments}
-    return data, lambda: render_reservation(res.info, assignments)
+    standbys = {}
+    if res.info.state in ("ready", "degraded") and res.info.spares:
+        from clients.standby import standby_states
+
+        standbys = {
+            name: [state for _, state in rows] for name, rows in standby_states(res).items()
+        }
+    data = {"reservation": res.info, "assignments": assignments, "standbys": standbys}
+    return data, lambda: render_reservation(res.info, assignments, standbys)
 
 
 @cli.command()

@@ -7,6 +7,7 @@ environment alone), never from placectl's records."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import time
 
@@ -14,7 +15,7 @@ import pytest
 import ray
 
 import clients
-from tests.integration.conftest import live_groups, local_cluster, wait_for
+from tests.integration.conftest import live_groups, local_cluster, placectl_cli, wait_for
 
 JOB = "standby"
 CONF = {
@@ -90,6 +91,13 @@ def standbys_on(group, node: str, timeout: float = 60.0) -> list[dict]:
     return wait_for(seen, timeout=timeout)
 
 
+def standby_status(cluster) -> list[str]:
+    """What ``placectl status JOB`` says of the actor component's standbys."""
+    done = placectl_cli(cluster.address, "status", JOB, "--output", "json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["standbys"]["actor"]
+
+
 def test_a_lost_node_is_repaired_by_promoting_its_standbys_twice(cluster):
     ctl = clients.connect()
     res = ctl.reserve(JOB, CONF, timeout_s=60)
@@ -97,6 +105,13 @@ def test_a_lost_node_is_repaired_by_promoting_its_standbys_twice(cluster):
         job_node = res.refresh().slots[0].node_id
         spare = held_spare(res)
         assert spare != job_node
+        assert standby_status(cluster) == ["missing"] * 4  # no group runs any yet
+        # A driver's own group (not detached): its standbys are seen from another process
+        # (the command line), and after its shutdown their names serve a new group.
+        own = clients.WorkerGroup.launch(res, "actor", Worker)
+        assert {s["node"] for s in standbys_on(own, spare)} == {spare}
+        assert standby_status(cluster) == ["ready"] * 4
+        own.shutdown()
         group = clients.WorkerGroup.launch(res, "actor", Worker, detached=True)
         waiting = standbys_on(group, spare)
         for s in waiting:

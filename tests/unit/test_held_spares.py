@@ -207,6 +207,9 @@ def test_plan_and_status_say_what_is_held(tmp_path, capsys):
         (spare,) = (await held(fake, "j")).spares
         shown = render_reservation(info(await ctl.status("j")), {})
         assert f"spares: 1 of 1 held: {spare.node_ip}" in shown
+        states = {"actor": ["ready", "starting", "ready", "missing"]}
+        shown = render_reservation(info(await ctl.status("j")), {}, states)
+        assert shown.splitlines()[-1] == "standbys of actor: 2 ready, 1 starting, 1 missing"
         await ctl.stop()
 
     run(go())
