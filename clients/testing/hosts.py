@@ -128,6 +128,11 @@ class Hosts:
             **os.environ,
             "RAY_USAGE_STATS_ENABLED": "0",
             "PLACECTL_TEST_HOOKS": "1",
+            # Ray's `ray start --head` turns token auth on by itself when the mode is unset
+            # and a token is on the machine (~/.ray/auth_token, RAY_AUTH_TOKEN); a worker
+            # host's `ray start` does not, and is refused. The caller decides, not the
+            # machine's leftovers: off unless its environment or `env` says otherwise.
+            "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
             **(env or {}),
         }
         self.tmp = ""

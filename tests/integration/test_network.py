@@ -33,7 +33,13 @@ def hosts():
         if os.environ.get("PLACECTL_NO_SKIPS") == "1":
             pytest.fail(f"the network tests need hosts in network namespaces: {why}")
         pytest.skip(f"the network tests need hosts in network namespaces: {why}")
-    with harness.Hosts(workers=3, gpus=2, cpus=2) as h:
+    # A token on the machine (a token-authenticated run leaves ~/.ray/auth_token), the
+    # mode unset: the harness's cluster stays as its caller asked, every host joining.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_AUTH_TOKEN", "left-on-this-machine-by-an-earlier-run")
+        mp.delenv("RAY_AUTH_MODE", raising=False)
+        hosts = harness.Hosts(workers=3, gpus=2, cpus=2)
+    with hosts as h:
         yield h
 
 
