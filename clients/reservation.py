@@ -197,8 +197,12 @@ class Reservation:
         count: int = 1,
         consecutive: bool = True,
         name: str | None = None,
+        standby: tuple[str, int] | None = None,
     ) -> list[int]:
-        """Lease ``count`` ports on the node of ``component``'s ``rank``.
+        """Lease ``count`` ports on the node of ``component``'s ``rank``, or with
+        ``standby`` (a standby's placement group id and bundle index,
+        :meth:`standbys`) on its held spare: when a repair makes the standby that
+        bundle's rank, the lease is the rank's, found again by the same ``name``.
 
         Each call returns ports not returned before while they are leased (concurrent
         callers included), checked free on that node and outside its ephemeral port
@@ -216,18 +220,27 @@ class Reservation:
             name=name,
             request_id=None if name is not None else uuid.uuid4().hex,
             token=self.controller.token,
+            standby=standby,
         )
         return self.controller.call("lease_ports", call)
 
-    def lease_cores(self, component: str, rank: int, name: str) -> dict[str, int | str]:
+    def lease_cores(
+        self, component: str, rank: int, name: str, standby: tuple[str, int] | None = None
+    ) -> dict[str, int | str]:
         """Lease, on the node of ``component``'s ``rank``, a run of the node's CPU units as
         many as the rank's bundles hold, leased to no other rank on that node (of any
         reservation); idempotent by ``name``. Returns ``first``, ``count``, ``node_cpus``
         and ``node_id``; :func:`controller.state.leases.cores_of` maps them to cores. Leases
         end with the reservation, or with the slot when the reservation leaves the node.
+        ``standby`` as for :meth:`lease_ports`.
         """
         call = LeaseCores(
-            job=self.job, component=component, rank=rank, name=name, token=self.controller.token
+            job=self.job,
+            component=component,
+            rank=rank,
+            name=name,
+            token=self.controller.token,
+            standby=standby,
         )
         return self.controller.call("lease_cores", call)
 

@@ -100,7 +100,7 @@ class Roster:
         name = name or worker_name(self.job, self.component, rank)
         tag = new_tag(a.uid, name, self.detached)
         options["runtime_env"]["env_vars"][TAG] = tag
-        if launch.per_rank_env is not None and not standby:
+        if launch.per_rank_env is not None:  # a standby's on its spare, for its bundle
             options["runtime_env"]["env_vars"].update(launch.per_rank_env(a))
         if self.detached or standby:  # a standby is named always: status finds it
             options.update(name=name, namespace=WORKER_NAMESPACE)

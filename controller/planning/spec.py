@@ -118,15 +118,6 @@ def _segment_rule(comp: _Component, where: str) -> SegmentRule | None:
     return SegmentRule(segment=t.segment, within=t.within, on_loss=t.on_loss)
 
 
-def _standby(comp: _Component, where: str) -> bool:
-    if comp.standby and comp.engine is not None:
-        raise SpecError(
-            f"{where}.standby: standby processes of an engine (engine: {comp.engine}) are "
-            "not supported yet; drop standby, or engine and run the engine yourself"
-        )
-    return comp.standby
-
-
 def _engine_keys(comp: _Component, where: str) -> bool:
     """Check the share and engine keys of a component; returns capture_child_tasks."""
     for key in ("accelerator_share", "child_share"):
@@ -231,7 +222,7 @@ def _normalise(raw: _Cluster) -> ClusterSpec:
                     engine=comp.engine,
                     child_share=comp.child_share,
                     topology=_segment_rule(comp, where),
-                    standby=_standby(comp, where),
+                    standby=comp.standby,
                 )
             )
     unused = {k: getattr(raw, k) for k in RLINF_UNUSED if getattr(raw, k) is not None}

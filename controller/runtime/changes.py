@@ -161,6 +161,7 @@ class ChangeCalls:
             call.name,
             call.request_id,
             caller,
+            call.standby,
         )
 
     async def lease_cores(self, call: LeaseCores) -> dict[str, int | str]:
@@ -168,7 +169,7 @@ class ChangeCalls:
         :meth:`CoreLeaser.lease_cores`): the run and the node's total."""
         caller = self._owns(call.job, call.token, call.force, "a core lease")
         lease = await self._ops.core_leaser.lease_cores(
-            call.job, call.component, call.rank, call.name, caller
+            call.job, call.component, call.rank, call.name, caller, call.standby
         )
         return {
             "node_id": lease.node_id,

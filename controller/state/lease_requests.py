@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from controller.errors import ReservationError
-from controller.state.leases import check_request, lease_purpose
+from controller.state.leases import check_request, check_standby, lease_purpose
 from controller.state.requests import ComponentOf, check_flag, check_job, check_token
 
 
@@ -22,7 +22,8 @@ def check_rank_call(job: str, component: str, rank: object, token: str, force: b
 
 class LeasePorts(msgspec.Struct):
     """``lease_ports``: ``count`` ports (``consecutive`` or not) on the node of
-    ``component``'s ``rank``, found again by ``name`` or ``request_id``."""
+    ``component``'s ``rank`` (or for its ``standby`` in a held spare's bundle: placement
+    group id, bundle index), found again by ``name`` or ``request_id``."""
 
     job: str
     component: str
@@ -33,11 +34,13 @@ class LeasePorts(msgspec.Struct):
     request_id: str | None = None
     token: str = ""
     force: bool = False
+    standby: tuple[str, int] | None = None
 
     def __post_init__(self) -> None:
         check_rank_call(self.job, self.component, self.rank, self.token, self.force)
         check_request(self.count, self.consecutive)
         lease_purpose(self.name, self.request_id)
+        self.standby = check_standby(self.standby)
 
 
 class ReleasePorts(msgspec.Struct):
@@ -60,8 +63,8 @@ class ReleasePorts(msgspec.Struct):
 
 
 class LeaseCores(msgspec.Struct):
-    """``lease_cores``: CPU units of its node for ``component``'s ``rank``, as many as its
-    bundles hold; found again by ``name``."""
+    """``lease_cores``: CPU units of its node for ``component``'s ``rank`` (or its
+    ``standby``, as for ports), as many as its bundles hold; found again by ``name``."""
 
     job: str
     component: str
@@ -69,7 +72,9 @@ class LeaseCores(msgspec.Struct):
     name: str
     token: str = ""
     force: bool = False
+    standby: tuple[str, int] | None = None
 
     def __post_init__(self) -> None:
         check_rank_call(self.job, self.component, self.rank, self.token, self.force)
         lease_purpose(self.name, None)
+        self.standby = check_standby(self.standby)

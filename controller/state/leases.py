@@ -37,6 +37,10 @@ class PortLease(msgspec.Struct, frozen=True, kw_only=True):
         component, rank: the process they were leased for.
         purpose: ``"master"``, ``"name:<name>"`` or ``"req:<id>"``; a lease is found again
             by it, which makes every lease call idempotent.
+        standby: ``(placement group id, bundle index)`` of a held spare's bundle when
+            leased for the standby process there (``rank`` is then -1); a repair that
+            makes the spare a slot hands the lease to the rank now in that bundle
+            (:func:`controller.state.spares.settle_standby_leases`).
     """
 
     node_id: str
@@ -45,6 +49,7 @@ class PortLease(msgspec.Struct, frozen=True, kw_only=True):
     rank: int
     purpose: str = MASTER
     node_ip: str = ""
+    standby: tuple[str, int] | None = None
 
 
 def ledger(leases: Iterable[PortLease]) -> dict[str, set[int]]:
@@ -91,6 +96,20 @@ def lease_purpose(name: object, request_id: object) -> str:
     raise PlacementError("a port lease needs a name or a request_id (clients make one up)")
 
 
+def check_standby(standby: object) -> tuple[str, int] | None:
+    """``standby`` as a lease keeps it: None, or (placement group id, bundle index)."""
+    if standby is None:
+        return None
+    ok = isinstance(standby, (list, tuple)) and len(standby) == 2
+    if ok and isinstance(standby[0], str) and standby[0]:
+        index = standby[1]
+        if isinstance(index, int) and not isinstance(index, bool) and index >= 0:
+            return (standby[0], index)
+    raise PlacementError(
+        f"standby {standby!r}: expected (placement group id, bundle index) of a held spare"
+    )
+
+
 def pick_run(free: list[int], count: int, consecutive: bool) -> list[int]:
     """The first ``count`` ports of ``free`` (in order), or the first unbroken run of
     ``count`` when ``consecutive``; empty when there is none."""
@@ -113,6 +132,7 @@ class CoreLease(msgspec.Struct, frozen=True, kw_only=True):
         node_cpus: the node's CPU units in total (Ray's ``CPU``) when it was leased.
         component, rank: the process.
         purpose: ``"name:<name>"``: a lease is found again by it (idempotent).
+        standby: a held spare's bundle, as for :class:`PortLease`.
     """
 
     node_id: str
@@ -122,6 +142,7 @@ class CoreLease(msgspec.Struct, frozen=True, kw_only=True):
     component: str
     rank: int
     purpose: str
+    standby: tuple[str, int] | None = None
 
     def units(self) -> range:
         return range(self.first, self.first + self.count)

@@ -265,3 +265,42 @@ def standby_assignments(res: ReservationRecord, plan: JobPlan, component: str) -
             env = {k: v for k, v in a.env.items() if k not in _NO_RANK_YET}
             out.append(msgspec.structs.replace(a, env={**env, STANDBY: "1"}))
     return out
+
+
+def standby_at(
+    res: ReservationRecord, plan: JobPlan, component: str, standby: tuple[str, int]
+) -> Assignment | None:
+    """The assignment of ``component``'s standby in the held spare's bundle ``standby``
+    (placement group id, bundle index), or None when there is none."""
+    for a in standby_assignments(res, plan, component):
+        if (a.placement_group_id, a.bundle_index) == tuple(standby):
+            return a
+    return None
+
+
+def settle_standby_leases(res: ReservationRecord, plan: JobPlan | None) -> ReservationRecord:
+    """``res`` with the leases of its standbys (``standby`` set) settled: each stays while
+    its spare is held; once a repair has made the spare a slot (``plan`` given), it
+    becomes the lease of the rank of its component now in its bundle (the standby,
+    promoted: the ports it listens on and the cores it binds stay its own), or ends
+    when another component's rank is there; it ends with a spare that is let go."""
+    held = {s.group_id for s in res.spares}
+    ranks: dict[tuple[str, str, int], int] = {}
+    if plan is not None:
+        for component, items in build_assignments(res, plan).items():
+            for a in items:
+                ranks[(component, a.placement_group_id, a.bundle_index)] = a.placement.rank
+
+    def settled(items: list) -> list:
+        out = []
+        for x in items:
+            if x.standby is None or x.standby[0] in held:
+                out.append(x)
+            elif (rank := ranks.get((x.component, *x.standby))) is not None:
+                out.append(msgspec.structs.replace(x, rank=rank, standby=None))
+        return out
+
+    leases, cores = settled(res.leases), settled(res.cores)
+    if leases == res.leases and cores == res.cores:
+        return res
+    return msgspec.structs.replace(res, leases=leases, cores=cores)

@@ -15,6 +15,7 @@ import pytest
 import ray
 
 import clients
+import clients.engines
 from tests.integration.conftest import live_groups, local_cluster, placectl_cli, wait_for
 
 JOB = "standby"
@@ -80,13 +81,13 @@ def held_spare(res) -> str:
     return spare.node_id
 
 
-def standbys_on(group, node: str, timeout: float = 60.0) -> list[dict]:
-    """The standbys, each as it sees itself, once four run on ``node``."""
+def standbys_on(group, node: str, timeout: float = 60.0, count: int = 4) -> list[dict]:
+    """The standbys, each as it sees itself, once ``count`` run on ``node``."""
 
     def seen():
         group.refill_standbys()
         found = ray.get([a.seen.remote() for a in group.standbys], timeout=timeout)
-        return len(found) == 4 and all(s["node"] == node for s in found) and found
+        return len(found) == count and all(s["node"] == node for s in found) and found
 
     return wait_for(seen, timeout=timeout)
 
@@ -149,3 +150,65 @@ def test_a_lost_node_is_repaired_by_promoting_its_standbys_twice(cluster):
     finally:
         ctl.release(JOB)
     assert not [g for g, i in live_groups().items() if f":{JOB}:" in (i.get("name") or "")]
+
+
+class Engine:
+    """Binds what a vLLM engine binds when it starts: its ``VLLM_PORT`` (listening) and
+    its cores (``VLLM_CPU_OMP_THREADS_BIND``, from the node's leased units)."""
+
+    def __init__(self) -> None:
+        import socket
+
+        os.environ.update(clients.engines.vllm_environment(1))
+        self.sock = socket.socket()
+        self.sock.bind(("0.0.0.0", int(os.environ["VLLM_PORT"])))
+        self.sock.listen()
+
+    def seen(self) -> dict:
+        return {
+            "pid": os.getpid(),
+            "node": ray.get_runtime_context().get_node_id(),
+            "listening": self.sock.getsockname()[1],  # the OS's word
+            "units": os.environ["PLACECTL_CPU_UNITS"],
+            "bind": os.environ["VLLM_CPU_OMP_THREADS_BIND"],
+            "rank": os.environ.get("RANK"),
+        }
+
+
+def test_a_standby_engine_listens_on_its_spares_leases_and_keeps_them_as_the_rank(cluster):
+    """An engine's standbys start on ports and cores leased on the held spare; promoted,
+    those are their ranks' leases: the same process listens, and no lease on the node
+    is given its port or its cores."""
+    cluster.add_node(num_cpus=4, num_gpus=4)  # the first test left one GPU node
+    cluster.wait_for_nodes()
+    comps = {"rollout": {"placement": "0-1", "engine": "vllm", "standby": True}}
+    ctl = clients.connect()
+    res = ctl.reserve("engines", {"num_nodes": 2, "spares": 1, "component_placement": comps})
+    try:
+        job_node, spare = res.refresh().slots[0].node_id, held_spare(res)
+        group = clients.WorkerGroup.launch(res, "rollout", Engine, detached=True)
+        standing = standbys_on(group, spare, count=2)
+        ranks_before = ray.get([a.seen.remote() for a in group.actors])
+        ports = [s["listening"] for s in standing]
+        assert len({*ports, *(r["listening"] for r in ranks_before)}) == 4
+        # Their own runs of the spare's CPU units (a machine of fewer cores than units
+        # maps two runs onto one core: compare the units).
+        assert len({s["units"] for s in standing}) == 2 and all(s["rank"] is None for s in standing)
+
+        remove(cluster, job_node)
+        assert group.repair(timeout=120) == [0, 1]
+        ranks = ray.get([a.seen.remote() for a in group.actors])
+        assert sorted(r["pid"] for r in ranks) == sorted(s["pid"] for s in standing)
+        for r, seen in enumerate(ranks):
+            assert seen["rank"] == str(r) and seen["node"] == spare
+            # The rank's own leases, by the names a relaunch of it would ask, are the
+            # ones the promoted process listens on and binds.
+            node = seen["node"]
+            assert res.lease_ports("rollout", r, 16, True, f"engine@{node}")[0] == seen["listening"]
+            units = res.lease_cores("rollout", r, f"cores@{node}")
+            assert f"{units['first']}-{units['first'] + units['count'] - 1}" == seen["units"]
+        fresh = res.lease_ports("rollout", 0, 16, True, "another")
+        assert not set(fresh) & {r["listening"] for r in ranks}
+        group.shutdown()
+    finally:
+        ctl.release("engines")

@@ -84,17 +84,22 @@ class _Reservation:
         self.spec = SPEC
         self.calls = []
 
-    def lease_ports(self, component, rank, count, consecutive, name):
-        self.calls.append((component, rank, count, consecutive, name))
+    def lease_ports(self, component, rank, count, consecutive, name, standby=None):
+        self.calls.append((component, rank, count, consecutive, name, standby))
         return list(range(30000, 30000 + count))
 
-    def lease_cores(self, component, rank, name):
-        self.calls.append((component, rank, name))
+    def lease_cores(self, component, rank, name, standby=None):
+        self.calls.append((component, rank, name, standby))
         return {"first": 2, "count": 2, "node_cpus": 8, "node_id": name.split("@")[1]}
 
 
-def _assignment(node: str, rank: int = 0):
-    return SimpleNamespace(placement=SimpleNamespace(node_id=node, rank=rank))
+def _assignment(node: str, rank: int = 0, env: dict | None = None):
+    return SimpleNamespace(
+        placement=SimpleNamespace(node_id=node, rank=rank),
+        placement_group_id="pg",
+        bundle_index=3,
+        env=env or {},
+    )
 
 
 def test_an_engine_ranks_port_comes_from_a_lease_on_its_node():
@@ -106,13 +111,18 @@ def test_an_engine_ranks_port_comes_from_a_lease_on_its_node():
     assert ports(_assignment("n1")) == want
     assert ports(_assignment("n2")) == want
     # one lease of each per node: a rank moved to another node leases there
+    # A standby (on a held spare) leases for its bundle, under the names its rank would.
+    assert ports(_assignment("n3", env={"PLACECTL_STANDBY": "1"})) == want
     assert res.calls == [
-        ("rollout", 0, engines.ENGINE_PORTS, True, "engine@n1"),
-        ("rollout", 0, 1, True, "server@n1"),
-        ("rollout", 0, "cores@n1"),
-        ("rollout", 0, engines.ENGINE_PORTS, True, "engine@n2"),
-        ("rollout", 0, 1, True, "server@n2"),
-        ("rollout", 0, "cores@n2"),
+        ("rollout", 0, engines.ENGINE_PORTS, True, "engine@n1", None),
+        ("rollout", 0, 1, True, "server@n1", None),
+        ("rollout", 0, "cores@n1", None),
+        ("rollout", 0, engines.ENGINE_PORTS, True, "engine@n2", None),
+        ("rollout", 0, 1, True, "server@n2", None),
+        ("rollout", 0, "cores@n2", None),
+        ("rollout", 0, engines.ENGINE_PORTS, True, "engine@n3", ("pg", 3)),
+        ("rollout", 0, 1, True, "server@n3", ("pg", 3)),
+        ("rollout", 0, "cores@n3", ("pg", 3)),
     ]
 
 

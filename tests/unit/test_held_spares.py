@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from controller.errors import SpecError
+from controller.errors import PlacementError, SpecError
 from controller.planning.spec import load_spec
 from controller.state.events import Event
 from controller.state.queueing import usage
@@ -166,10 +166,69 @@ def test_standbys_are_the_copied_nodes_ranks_on_the_spare_and_the_repair_names_t
     run(go())
 
 
-def test_standby_with_an_engine_is_refused_by_name():
-    comps = {"rollout": {"placement": "0-3", "standby": True, "engine": "vllm"}}
-    with pytest.raises(SpecError, match=r"rollout\.standby"):
-        load_spec({"num_nodes": 2, "component_placement": comps})
+ENGINE = {"rollout": {"placement": "0-3", "standby": True, "engine": "vllm"}}
+
+
+def test_a_standby_engines_leases_are_on_its_spare_and_become_its_ranks_on_promotion():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        await ctl.reserve("j", {"num_nodes": 3, "spares": 1, "component_placement": ENGINE}, 5)
+        (spare,) = (await held(fake, "j")).spares
+        standing = assignments(await ctl.standbys("j", "rollout"))
+        got = {}
+        for a in standing:
+            at = (a.placement_group_id, a.bundle_index)
+            ports = await ctl.lease_ports("j", "rollout", 0, 16, True, "engine", standby=at)
+            cores = await ctl.lease_cores("j", "rollout", 0, "cores", standby=at)
+            again = await ctl.lease_ports("j", "rollout", 0, 16, True, "engine", standby=at)
+            assert again == ports  # found again by its name and its bundle
+            got[at] = (ports, cores["first"])
+        rec = stored(fake, "j")
+        assert {x.node_id for x in (*rec.leases, *rec.cores) if x.standby} == {spare.node_id}
+        ports = [p for ps, _ in got.values() for p in ps]
+        assert len(set(ports)) == len(ports) == 16 * len(standing)  # no two share a port
+        assert len({first for _, first in got.values()}) == len(standing)  # nor a core
+
+        fake.kill_node(rec.slots[0].node_id)
+        await until(lambda: (r := stored(fake, "j")).epoch == 2 and r.state == "ready")
+        rec = stored(fake, "j")
+        assert not [x for x in (*rec.leases, *rec.cores) if x.standby]
+        for a in assignments(await ctl.assignments("j", "rollout")):
+            rank, at = a.placement.rank, (a.placement_group_id, a.bundle_index)
+            # The rank's own lease by the same name is the promoted standby's: its ports.
+            assert await ctl.lease_ports("j", "rollout", rank, 16, True, "engine") == got[at][0]
+            cores = await ctl.lease_cores("j", "rollout", rank, "cores")
+            assert cores["first"] == got[at][1]
+        await ctl.stop()
+
+    run(go())
+
+
+def test_the_leases_of_a_lost_spares_standbys_end_with_it_and_bad_bundles_are_named():
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        await ctl.reserve("j", {"num_nodes": 3, "spares": 1, "component_placement": ENGINE}, 5)
+        (spare,) = (await held(fake, "j")).spares
+        at = (spare.group_id, 0)
+        await ctl.lease_ports("j", "rollout", 0, 4, True, "engine", standby=at)
+        await ctl.lease_cores("j", "rollout", 0, "cores", standby=at)
+        for bad, said in (
+            ((spare.group_id, 99), "no standby of it in that bundle"),
+            (("not-a-group", 0), "held spares: " + spare.group_id),
+            ((spare.group_id,), "expected \\(placement group id, bundle index\\)"),
+        ):
+            with pytest.raises(PlacementError, match=said):
+                await ctl.lease_ports("j", "rollout", 0, 4, True, "x", standby=bad)
+        fake.kill_node(spare.node_id)
+        rec = await until(
+            lambda: (r := stored(fake, "j")).spares and r.spares[0].node_id != spare.node_id and r
+        )
+        assert not [x for x in (*rec.leases, *rec.cores) if x.standby]
+        await ctl.stop()
+
+    run(go())
 
 
 def test_held_spares_count_in_their_queues_usage():

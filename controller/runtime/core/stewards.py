@@ -59,6 +59,7 @@ from controller.runtime.core.state import ReservationState
 from controller.state.leases import CoreLease, PortLease
 from controller.state.published import Published
 from controller.state.records import DEGRADED, READY, RELEASING, Applying, ReservationRecord
+from controller.state.spares import settle_standby_leases
 from controller.state.table import StoredPlan
 
 T = TypeVar("T")
@@ -315,8 +316,10 @@ class Transitions:
         return await self._commit(_replace(base, leaving=leaving), base)
 
     async def held(self, base: ReservationRecord, spares: list) -> ReservationRecord:
-        """The groups it holds on spare nodes, some taken or dropped."""
-        return await self._commit(_replace(base, spares=spares), base)
+        """The groups it holds on spare nodes, some taken or dropped (the leases of a
+        dropped one's standbys end with it)."""
+        record = settle_standby_leases(_replace(base, spares=spares), None)
+        return await self._commit(record, base)
 
     # ------------------------------------------------------------ terms
     async def policy(self, base: ReservationRecord, repair: str) -> ReservationRecord:

@@ -297,6 +297,10 @@ class Applier:
         rank0 = {c.name: change.nodes[c.placements[0].node_rank].node_id for c in plan.components}
         leases = []
         for x in res.leases:
+            if x.standby is not None:  # a standby's, on a held spare the apply keeps
+                if x.component in rank0:
+                    leases.append(x)
+                continue
             if x.component not in rank0 or x.node_id not in nodes_now:
                 continue
             if x.purpose == MASTER and x.node_id != rank0[x.component]:
@@ -311,7 +315,12 @@ class Applier:
             for c in plan.components
             for p in c.placements
         }
-        cores = [x for x in res.cores if where.get((x.component, x.rank)) == x.node_id]
+        cores = [
+            x
+            for x in res.cores
+            if where.get((x.component, x.rank)) == x.node_id
+            or (x.standby is not None and x.component in rank0)
+        ]
         new = msgspec.structs.replace(
             res,
             spec=spec,

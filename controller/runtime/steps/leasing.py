@@ -28,15 +28,56 @@ from controller.state.leases import (
     PortLease,
     candidates,
     check_request,
+    check_standby,
     lease_purpose,
     pick_run,
     pick_units,
 )
 from controller.state.plan import JobPlan
-from controller.state.records import ReservationRecord
+from controller.state.records import ReservationRecord, SlotRecord
+from controller.state.spares import standby_at
 
 MAX_WINDOWS = 8
 Hold = tuple[str, set[int]]
+
+
+def _same_holder(lease, component: str, rank: int, standby: tuple[str, int] | None) -> bool:
+    """Whether ``lease`` was made for this rank, or for this standby."""
+    if standby is not None:
+        return (lease.component, lease.standby) == (component, standby)
+    return lease.standby is None and (lease.component, lease.rank) == (component, rank)
+
+
+def _slot_of(
+    res: ReservationRecord,
+    plan: JobPlan,
+    component: str,
+    rank: int,
+    standby: tuple[str, int] | None,
+) -> tuple[SlotRecord, str]:
+    """The slot (or held spare) whose node a lease is made on, and that node in words.
+
+    Raises:
+        PlacementError: a rank out of range, or no standby of ``component`` in that
+            bundle of a held spare (the message lists those there are).
+    """
+    if standby is not None:
+        if standby_at(res, plan, component, standby) is None:
+            held = [f"{s.group_id}:{len(s.bundles)} bundle(s)" for s in res.spares] or ["none"]
+            raise PlacementError(
+                f"standby {list(standby)} of {component!r}: no standby of it in that bundle "
+                f"of a held spare of {res.job!r} (held spares: {', '.join(held)})"
+            )
+        spare = next(s for s in res.spares if s.group_id == standby[0])
+        return spare, f"held spare node ({spare.node_ip})"
+    placements = plan.component(component).placements
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(placements):
+        raise PlacementError(
+            f"rank {rank!r} of {component!r}: out of range (0-{len(placements) - 1})"
+        )
+    node_rank = placements[rank].node_rank
+    slot = next(s for s in res.slots if s.node_rank == node_rank)
+    return slot, f"node {node_rank} ({slot.node_ip})"
 
 
 class Tentative:
@@ -93,20 +134,18 @@ class Leaser:
         consecutive: bool,
         purpose: str,
         holds: list[Hold],
+        standby: tuple[str, int] | None = None,
     ) -> PortLease:
-        """Ports on the node of ``component``'s ``rank`` that no lease holds and that
-        nothing on the node has bound. They stay held (``holds``) until the caller has
-        recorded the lease and drops the hold."""
-        placements = plan.component(component).placements
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(placements):
-            raise PlacementError(
-                f"rank {rank!r} of {component!r}: out of range (0-{len(placements) - 1})"
-            )
-        node_rank = placements[rank].node_rank
-        slot = next(s for s in res.slots if s.node_rank == node_rank)
+        """Ports on the node of ``component``'s ``rank`` (or of the held spare's bundle
+        ``standby``) that no lease holds and that nothing on the node has bound. They
+        stay held (``holds``) until the caller has recorded the lease and drops the hold."""
+        slot, where = _slot_of(res, plan, component, rank, standby)
         node = slot.node_id
         low, high = res.spec.ports.low, res.spec.ports.high
-        start = zlib.crc32(f"{res.job}/{component}/{rank}".encode())
+        # Where the search starts: its own place per rank and per standby, so that
+        # processes on nodes that share an address (a local test cluster) rarely meet.
+        holder = f"{rank}" if standby is None else f"{standby[0]}.{standby[1]}"
+        start = zlib.crc32(f"{res.job}/{component}/{holder}".encode())
         width = max(4 * count, 256)
         tried: set[int] = set()
         for _ in range(MAX_WINDOWS):
@@ -123,7 +162,7 @@ class Leaser:
             except asyncio.TimeoutError:
                 self._tentative.drop(node, set(window))
                 raise ReservationError(
-                    f"node {node_rank} ({slot.node_ip}) did not answer the port check within "
+                    f"{where} did not answer the port check within "
                     f"{self.settings.port_check_timeout:g}s; no port was leased"
                 ) from None
             except BaseException:
@@ -138,15 +177,16 @@ class Leaser:
                     node_ip=slot.node_ip,
                     ports=run,
                     component=component,
-                    rank=rank,
+                    rank=-1 if standby else rank,
                     purpose=purpose,
+                    standby=standby,
                 )
             tried.update(window)
             start = window[-1] + 1 - low
         kind = " consecutive" if consecutive else ""
         raise ReservationError(
-            f"no {count}{kind} free port(s) in cluster.ports {low}-{high} on node {node_rank} "
-            f"({slot.node_ip}): placectl leases {len(self._held(node))} there, the rest are "
+            f"no {count}{kind} free port(s) in cluster.ports {low}-{high} on {where}: "
+            f"placectl leases {len(self._held(node))} there, the rest are "
             "bound or inside the node's ephemeral port range"
         )
 
@@ -175,8 +215,12 @@ class Leaser:
         name: str | None = None,
         request_id: str | None = None,
         caller: Caller | None = None,
+        standby: tuple[str, int] | None = None,
     ) -> list[int]:
-        """Lease ``count`` ports on the node of ``component``'s ``rank``.
+        """Lease ``count`` ports on the node of ``component``'s ``rank``, or, with
+        ``standby`` (a held spare's placement group id and bundle index), for the standby
+        of ``component`` there: a repair that makes the spare a slot hands it to the rank
+        then in that bundle (:func:`controller.state.spares.settle_standby_leases`).
 
         Each call returns ports no other lease holds (also under concurrent calls),
         checked free on that node and outside its ephemeral range. The call is idempotent:
@@ -190,6 +234,7 @@ class Leaser:
         if isinstance(rank, bool) or not isinstance(rank, int):
             raise PlacementError(f"rank {rank!r}: expected an int")
         purpose = lease_purpose(name, request_id)
+        standby = check_standby(standby)
 
         async def step() -> list[int]:
             res = self._state.require(job)
@@ -203,16 +248,13 @@ class Leaser:
                     f"unknown component {component!r} in {job!r}; it has {', '.join(plan.names)}"
                 )
             for lease in res.leases:
-                same = purpose.startswith(REQUEST) or (lease.component, lease.rank) == (
-                    component,
-                    rank,
-                )
+                same = purpose.startswith(REQUEST) or _same_holder(lease, component, rank, standby)
                 if lease.purpose == purpose and same:
                     return list(lease.ports)
             holds: list[Hold] = []
             try:
                 lease = await self._find_ports(
-                    res, plan, component, rank, count, consecutive, purpose, holds
+                    res, plan, component, rank, count, consecutive, purpose, holds, standby
                 )
                 await self._records.leases(res, [*res.leases, lease])
             finally:
@@ -253,11 +295,18 @@ class CoreLeaser:
         self._tentative = Tentative()
 
     async def lease_cores(
-        self, job: str, component: str, rank: int, name: str, caller: Caller | None = None
+        self,
+        job: str,
+        component: str,
+        rank: int,
+        name: str,
+        caller: Caller | None = None,
+        standby: tuple[str, int] | None = None,
     ) -> CoreLease:
         """Lease, on the node of ``component``'s ``rank``, as many of the node's CPU units
         as the rank's bundles hold, none of them leased to another rank on that node.
-        Idempotent by ``name`` for that component and rank.
+        Idempotent by ``name`` for that component and rank. With ``standby`` (a held
+        spare's bundle), for the standby of ``component`` there, as for ports.
 
         Raises:
             PlacementError: an unknown component, a rank out of range, or a bad name.
@@ -270,6 +319,7 @@ class CoreLeaser:
         if not isinstance(name, str) or not 0 < len(name) <= 128:
             raise PlacementError(f"name {name!r}: expected a non-empty string of <= 128 chars")
         purpose = NAMED + name
+        standby = check_standby(standby)
 
         async def step() -> CoreLease:
             res = self._state.require(job)
@@ -278,9 +328,9 @@ class CoreLeaser:
             if not res.settled:
                 raise ReservationError(f"reservation {job!r} is {res.state}; cores need ready")
             for lease in res.cores:
-                if (lease.purpose, lease.component, lease.rank) == (purpose, component, rank):
+                if lease.purpose == purpose and _same_holder(lease, component, rank, standby):
                     return lease
-            lease = await self._choose(res, component, rank, purpose)
+            lease = await self._choose(res, component, rank, purpose, standby)
             self._tentative.hold(lease.node_id, lease.units())
             try:
                 await self._records.cores(res, [*res.cores, lease])
@@ -291,21 +341,31 @@ class CoreLeaser:
         return await self._stewards.run(job, Trigger.LEASE, step)
 
     async def _choose(
-        self, res: ReservationRecord, component: str, rank: int, purpose: str
+        self,
+        res: ReservationRecord,
+        component: str,
+        rank: int,
+        purpose: str,
+        standby: tuple[str, int] | None,
     ) -> CoreLease:
         published = await self._state.published(res.job)
         block = published.components.get(component)
         if block is None:
             known = ", ".join(published.components)
             raise PlacementError(f"unknown component {component!r} in {res.job!r}; it has {known}")
-        assignments = block.assignments()
-        if not 0 <= rank < len(assignments):
-            raise PlacementError(
-                f"rank {rank} of {component!r}: out of range (0-{len(assignments) - 1})"
-            )
-        a = assignments[rank]
+        if standby is not None:
+            plan = (await self._state.plan(res.job)).plan
+            slot, _ = _slot_of(res, plan, component, -1, standby)  # checks there is one
+            a = standby_at(res, plan, component, standby)
+        else:
+            assignments = block.assignments()
+            if not 0 <= rank < len(assignments):
+                raise PlacementError(
+                    f"rank {rank} of {component!r}: out of range (0-{len(assignments) - 1})"
+                )
+            a = assignments[rank]
+            slot = next((s for s in res.slots if s.group_id == a.placement_group_id), None)
         node = a.placement.node_id
-        slot = next((s for s in res.slots if s.group_id == a.placement_group_id), None)
         info = self._nodes.info(node)
         if slot is None or info is None or not info.alive:
             raise ReservationError(f"the node of {component}:{rank} is gone; repair first")
@@ -326,6 +386,7 @@ class CoreLeaser:
             count=count,
             node_cpus=total,
             component=component,
-            rank=rank,
+            rank=-1 if standby else rank,
             purpose=purpose,
+            standby=standby,
         )

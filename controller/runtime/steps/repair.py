@@ -316,8 +316,7 @@ class Repairer:
             taken.add(spare.node_id)
             parts.append((spare, idxs))
         if short:
-            acc = res.spec.accelerator
-            wants = [for_spare(slots, node, live, acc) for node, slots in short]
+            wants = [for_spare(slots, node, live, res.spec.accelerator) for node, slots in short]
             want = Want(groups=[g for w in wants for g in w.groups], why=wants[0].why)
             return None, f"{why}; asked the autoscaler for {want.describe()}", set(), want
         self._incarnation.crash_point("replace_after_plan")
@@ -386,6 +385,7 @@ class Repairer:
                 reason="",
             )
             plan = (await self._state.plan(res.job)).plan
+            new = spares.settle_standby_leases(new, plan)  # a promoted standby's: its rank's
             new = await self._leaser.lease_masters(new, plan, holds, masters)
         except BaseException as e:
             if self._incarnation.dead:
