@@ -169,12 +169,12 @@ def last_traceback(lines: list[str]) -> str:
 
 def with_standby(spec: dict) -> dict:
     """``spec`` holding one spare node (``spares: 1``), with standbys of the components on
-    GPUs there (the trainers, and rollout unless it is an engine)."""
+    GPUs there (the trainers and rollout, a vLLM engine included)."""
     out = {**spec, "spares": 1, "component_placement": {}}
     for key, value in spec["component_placement"].items():
         for name in (n.strip() for n in key.split(",")):
             comp = dict(value) if isinstance(value, dict) else {"placement": value}
-            if "node_group" not in comp and "engine" not in comp:
+            if "node_group" not in comp:
                 comp["standby"] = True
             out["component_placement"][name] = comp
     return out

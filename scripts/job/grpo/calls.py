@@ -66,3 +66,29 @@ def promoted(groups: dict, relaunched: dict[str, list[int]], before: dict[str, s
         if same:
             out[n] = same
     return out
+
+
+def warm_standbys(res, groups: dict, spec: dict) -> None:
+    """With held spares (``--standby``): once the spare is held and every standby has
+    started (an engine's takes a core for 20 s here). The job trains after this, so a
+    fault finds its standbys warm, as one does in a job that has run for a while."""
+    if not spec.get("spares"):
+        return
+    deadline = time.monotonic() + 300
+    while not res.refresh().spares:
+        if time.monotonic() > deadline:
+            raise RuntimeError("no spare node held within 300 s")
+        time.sleep(0.2)
+    for group in groups.values():
+        group.refill_standbys()
+    gather([a.__ray_ready__.remote() for g in groups.values() for a in g.standbys], 600)
+
+
+def publish(groups: dict, version: int) -> None:
+    """Every rollout worker takes trainer rank 0's weights as of step ``version`` and
+    confirms it holds them; a worker generates only for the version it holds (a promoted
+    standby engine included, whose first weights these are)."""
+    weights = groups["actor"].actors[0].weights.remote()
+    held = gather([g.load.remote(weights, version) for g in groups["rollout"].actors])
+    if held != [version] * len(held):
+        raise RuntimeError(f"rollout workers confirmed weights {held}, not {version}")

@@ -32,6 +32,7 @@ class Rollout:
 
         os.environ.update(clients.engines.vllm_environment(1))
         self.config = config
+        self.version: int | None = None  # the step whose weights the engine holds
         self.llm = LLM(
             model=config.model,
             enforce_eager=True,
@@ -47,15 +48,23 @@ class Rollout:
         self.digit_of = {token: d for d, token in enumerate(self.digits)}
         self.prompts = lm.prompt_ids(tokenizer)
 
-    def load(self, weights: dict) -> None:
-        """Take the trainer's pushed tensors (``grpo.lm.Policy.pushed``)."""
+    def load(self, weights: dict, version: int) -> int:
+        """Take the trainer's pushed tensors (``grpo.lm.Policy.pushed``) of step
+        ``version``; returns that version once every engine worker has loaded them."""
         self.llm.collective_rpc("push", args=(tiny_model.encode(weights),))
+        self.version = version
+        return version
 
-    def generate(self, step: int, indices: list[int]) -> list[tuple[int, int, list]]:
-        """The groups of the step's prompts ``indices``: (index, target, samples) each."""
+    def generate(self, step: int, indices: list[int], version: int) -> list[tuple[int, int, list]]:
+        """The groups of the step's prompts ``indices``: (index, target, samples) each,
+        with the weights of step ``version`` or refused (a promoted standby engine
+        before the job's push)."""
         from vllm import SamplingParams
 
         from grpo import task
+        from grpo.roles import check_version
+
+        check_version(self, version)
 
         targets = task.targets(self.config, step)
         prompts, params = [], []

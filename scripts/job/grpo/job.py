@@ -27,7 +27,7 @@ import ray
 
 import clients
 from controller.planning.spec_edit import with_component
-from grpo import roles
+from grpo import calls, roles
 from grpo.calls import StepTimeout, cause_of, gather, promoted, split, standing
 from grpo.checkpoints import Checkpoints
 from grpo.protocol import MACHINE_FAULTS, Options, fault, send
@@ -103,11 +103,11 @@ class Job:
         # old group's addresses there and failed with "connection refused".
         gather([t.leave.remote() for t in self.groups["actor"].actors])
         gather([t.join.remote(last) for t in self.groups["actor"].actors])
-        self._publish_weights()
+        self._publish_weights(last)
 
-    def _publish_weights(self) -> None:
-        weights = self.groups["actor"].actors[0].weights.remote()
-        gather([g.load.remote(weights) for g in self.groups["rollout"].actors])
+    def _publish_weights(self, version: int | None = None) -> None:
+        """The trainers' weights of step ``version`` (the last committed) to rollout."""
+        calls.publish(self.groups, self.ckpt.committed() if version is None else version)
 
     def start(self) -> None:
         t0 = time.time()
@@ -134,6 +134,7 @@ class Job:
         self.res = self.ctl.reserve(self.opts.job, spec, timeout_s=300)
         self._launch()
         self._rejoin()
+        calls.warm_standbys(self.res, self.groups, self.opts.spec)
         send("event", kind="launched", seconds=time.time() - t0, resume=self.opts.resume)
 
     def _current_spec(self):
@@ -219,7 +220,8 @@ class Job:
         timeout = self._deadline()
         gens = self.groups["rollout"].actors
         parts = split(list(range(self.opts.config.prompts)), len(gens))
-        refs = [g.generate.remote(step, p) for g, p in zip(gens, parts, strict=True)]
+        # The weights of the step before: a worker holding others refuses (StaleWeights)
+        refs = [g.generate.remote(step, p, step - 1) for g, p in zip(gens, parts, strict=True)]
         outs = gather(refs, timeout)
         rolled = sorted(itertools.chain.from_iterable(outs))
         t_rollout = time.time()
@@ -238,7 +240,7 @@ class Job:
             fault("driver", step)
         losses = gather(refs, timeout)
         t_train = time.time()
-        self._publish_weights()
+        self._publish_weights(step)
         flat = [x for rs in rewards for x in rs]
         metrics = {
             "step": step,

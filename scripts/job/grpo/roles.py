@@ -124,6 +124,16 @@ class Trainer:
         return where()
 
 
+class StaleWeights(RuntimeError):
+    """A rollout worker asked to generate with weights it does not hold."""
+
+
+def check_version(worker, version: int) -> None:
+    """Refuse a generation for weights other than those ``worker`` holds."""
+    if worker.version != version:
+        raise StaleWeights(f"holds the weights of step {worker.version}, asked for {version}")
+
+
 class Generator:
     """A rollout worker: samples groups with the policy the trainer last published."""
 
@@ -135,13 +145,20 @@ class Generator:
         torch.set_num_threads(1)
         self.config = config
         self.policy = task.Policy(config.hidden)
+        self.version: int | None = None  # the step whose weights it holds
 
-    def load(self, weights: dict) -> None:
+    def load(self, weights: dict, version: int) -> int:
+        """Take the weights of step ``version``; returns the version now held."""
         self.policy.load_state_dict(weights)
+        self.version = version
+        return version
 
-    def generate(self, step: int, indices: list[int]) -> list[tuple[int, int, list]]:
-        """The groups of the step's prompts ``indices``: (index, target, samples) each."""
+    def generate(self, step: int, indices: list[int], version: int) -> list[tuple[int, int, list]]:
+        """The groups of the step's prompts ``indices``: (index, target, samples) each,
+        sampled with the weights of step ``version`` or refused."""
         from grpo import task
+
+        check_version(self, version)
 
         targets = task.targets(self.config, step)
         out = []
