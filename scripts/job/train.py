@@ -167,6 +167,16 @@ def last_traceback(lines: list[str]) -> str:
     return ":\n" + "".join(block[:60]).rstrip()
 
 
+def engine_config(config: TrainConfig, out: str) -> TrainConfig:
+    """``config`` for ``--rollout vllm``: the tiny language model, made under ``out``."""
+    from clients.testing.tiny_model import build
+
+    model = build(pathlib.Path(out) / "model", seed=config.seed)
+    return msgspec.structs.replace(
+        config, rollout="vllm", model=str(model), lr=VLLM_LR, gpu_ms_per_token=0.0
+    )
+
+
 def with_standby(spec: dict) -> dict:
     """``spec`` holding one spare node (``spares: 1``), with standbys of the components on
     GPUs there (the trainers and rollout, a vLLM engine included)."""
@@ -352,12 +362,7 @@ def main() -> int:
         gpu_ms_per_token=args.gpu_ms_per_token,
     )
     if args.rollout == "vllm":
-        from clients.testing.tiny_model import build
-
-        model = build(pathlib.Path(out) / "model", seed=args.seed)
-        config = msgspec.structs.replace(
-            config, rollout="vllm", model=str(model), lr=VLLM_LR, gpu_ms_per_token=0.0
-        )
+        config = engine_config(config, out)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     if args.address:  # the drivers ship grpo/ to the cluster's workers
         os.environ["PLACECTL_TRAIN_SHIP_CODE"] = "1"
