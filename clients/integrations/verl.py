@@ -30,13 +30,16 @@ hand it placement groups.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from clients.integrations import warn_if_not
+from clients.integrations.verl_repair import VerlStandbys
 from clients.launching import WORKER_NAMESPACE, detached_worker, options_for
+from clients.standby import Standbys, standby_name
 from controller.errors import PlacementError
 from controller.state.assignments import Assignment
 
@@ -89,9 +92,9 @@ class PlacectlResourcePool(RayResourcePool):
             max_colocate_count=1,
             detached=detached,
         )
-        self.reservation = reservation
-        self.component = component
+        self.reservation, self.component = reservation, component
         self.assignments = assignments
+        self.fused = False  # several roles in one process (colocated_worker_group)
 
     def get_placement_groups(self, *args: Any, **kwargs: Any):
         raise PlacementError(
@@ -116,8 +119,8 @@ class PlacectlResourcePoolManager(ResourcePoolManager):
 
     verl starts one process per rank and pool, hosting every role mapped to the pool, so
     a pool is one placectl component: ``actor_rollout_ref: all`` in the configuration,
-    ``pools={"global_pool": "actor_rollout_ref"}`` here. Unlike verl's own manager it
-    checks no free GPUs: the reservation already holds them.
+    ``pools={"global_pool": "actor_rollout_ref"}`` here. It checks no free GPUs: the
+    reservation holds them.
 
     Args:
         reservation: a :class:`clients.Reservation`.
@@ -170,10 +173,10 @@ def _verl_env(a: Assignment, prefix: str) -> dict[str, str]:
     }
 
 
-class PlacectlWorkerGroup(RayWorkerGroup):
+class PlacectlWorkerGroup(VerlStandbys, RayWorkerGroup):
     """verl's ``RayWorkerGroup``, started on a :class:`PlacectlResourcePool`: rank r in
-    placectl's rank r's bundle, with its share, devices and environment. On any other
-    pool it behaves exactly as verl's own class."""
+    placectl's rank r's bundle, with its share, devices and environment, repaired with
+    :meth:`repair`. On any other pool it behaves exactly as verl's own class."""
 
     def _init_with_resource_pool(
         self, resource_pool, ray_cls_with_init, bin_pack, detached, worker_env=None
@@ -184,29 +187,52 @@ class PlacectlWorkerGroup(RayWorkerGroup):
             )
         self.resource_pool = resource_pool
         assignments = resource_pool.assignments
-        self._world_size = len(assignments)
-        first = assignments[0].env
+        self._world_size, first = len(assignments), assignments[0].env
         self._master_addr, self._master_port = first["MASTER_ADDR"], first.get("MASTER_PORT")
-        cls_name = getattr(ray_cls_with_init.cls, "__ray_metadata__", None)
-        cls_name = cls_name.class_name if cls_name is not None else "Worker"
-        extra = dict(getattr(ray_cls_with_init, "_options", {}) or {})
-        extra.pop("name", None)
+        self.bind_launch(ray_cls_with_init, detached or resource_pool.detached, worker_env)
         for a in assignments:
-            options = options_for(a, dict(worker_env or {}), extra)
-            options["runtime_env"]["env_vars"].update(_verl_env(a, self.name_prefix))
-            name = (
-                f"{self.name_prefix}{cls_name}_{a.placement.placement_node_rank}:"
-                f"{a.placement.local_rank}"
-            )
-            options["name"] = name
-            if detached or resource_pool.detached:
-                options.update(lifetime="detached", namespace=WORKER_NAMESPACE)
-            worker = ray_cls_with_init.cls.options(**options).remote(
-                *ray_cls_with_init.args, **ray_cls_with_init.kwargs
-            )
-            self._workers.append(worker)
+            name = self.verl_name(a)
+            self._workers.append(self._start_worker(a, name, {}))
             self._worker_names.append(name)
-        return None
+        self.refill_standbys()
+
+    def bind_launch(self, ray_cls_with_init, detached: bool, worker_env=None) -> None:
+        """How this group starts a worker (set by :func:`worker_group` and :func:`attach`):
+        verl's class with its arguments, detached or not, the workers' extra env."""
+        cls_name = getattr(ray_cls_with_init.cls, "__ray_metadata__", None)
+        self._placectl_cls_name = cls_name.class_name if cls_name is not None else "Worker"
+        self._placectl_cls = ray_cls_with_init
+        self._placectl_detached = detached
+        self._placectl_env = dict(worker_env or {})
+        self._placectl_standbys = Standbys()
+
+    def verl_name(self, a: Assignment) -> str:
+        """The name verl gives the worker of ``a``'s rank."""
+        p = a.placement
+        return f"{self.name_prefix}{self._placectl_cls_name}_{p.placement_node_rank}:{p.local_rank}"
+
+    def _options(self, a: Assignment) -> dict[str, Any]:
+        extra = dict(getattr(self._placectl_cls, "_options", {}) or {})
+        extra.pop("name", None)
+        options = options_for(a, self._placectl_env, extra)
+        options["runtime_env"]["env_vars"].update(_verl_env(a, self.name_prefix))
+        return options
+
+    def _env_of(self, a: Assignment) -> dict[str, str]:
+        return self._options(a)["runtime_env"]["env_vars"]
+
+    def _start_worker(self, a: Assignment, name: str, identity: dict[str, str]) -> Any:
+        """One verl worker in ``a``'s bundle, named ``name``; ``identity`` overrides the
+        rank's (a standby's placeholder, :mod:`clients.integrations.verl_repair`)."""
+        options = self._options(a)
+        options["runtime_env"]["env_vars"].update(identity)
+        options["name"] = name
+        if self._placectl_detached or identity:  # a standby is named: status finds it
+            options.update(namespace=WORKER_NAMESPACE)
+        if self._placectl_detached:
+            options.update(lifetime="detached")
+        cls = self._placectl_cls
+        return cls.cls.options(**options).remote(*cls.args, **cls.kwargs)
 
 
 def resource_pool(
@@ -297,6 +323,7 @@ def colocated_worker_group(
         name_prefix=name_prefix or f"{reservation.job}.{'+'.join(names)}.",
         detached=detached,
     )
+    pool.fused = True
     return PlacectlWorkerGroup(
         resource_pool=pool,
         ray_cls_with_init=create_colocated_worker_cls(dict(roles)),
@@ -325,14 +352,24 @@ def attach(
     names, handles = [], []
     for a in reservation.assignments(component):
         name = f"{prefix}{cls_name}_{a.placement.placement_node_rank}:{a.placement.local_rank}"
+        with contextlib.suppress(PlacementError):  # a standby promoted to the rank
+            promoted = standby_name(reservation.job, component, a)
+            handles.append(detached_worker(promoted, "verl worker"))
+            names.append(promoted)
+            continue
         handles.append(detached_worker(name, "verl worker"))
         names.append(name)
-    return PlacectlWorkerGroup.from_detached(
+    group = PlacectlWorkerGroup.from_detached(
         name_prefix=prefix,
         worker_names=names,
         worker_handles=handles,
         ray_cls_with_init=ray_cls_with_init,
     )
+    group.resource_pool = PlacectlResourcePool(
+        reservation, component, name_prefix=prefix, detached=True
+    )
+    group.bind_launch(ray_cls_with_init, True)
+    return group
 
 
 __all__ = [

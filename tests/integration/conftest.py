@@ -179,3 +179,16 @@ def bundle_ids(group_id: str, bundle_index: int) -> list[int]:
             ),
         ).remote()
     )
+
+
+def remove(cluster, node_id: str) -> None:
+    """Remove a node abruptly: every process killed, Ray not told."""
+    node = next(n for n in cluster.list_all_nodes() if n.node_id == node_id)
+    cluster.remove_node(node, allow_graceful=False)
+
+
+def held_spare(res) -> str:
+    """The node of the one spare the reservation holds, once it holds it."""
+    info = wait_for(lambda: (i := res.refresh()).spares and i, timeout=60)
+    (spare,) = info.spares
+    return spare.node_id

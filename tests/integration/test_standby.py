@@ -16,7 +16,14 @@ import ray
 
 import clients
 import clients.engines
-from tests.integration.conftest import live_groups, local_cluster, placectl_cli, wait_for
+from tests.integration.conftest import (
+    held_spare,
+    live_groups,
+    local_cluster,
+    placectl_cli,
+    remove,
+    wait_for,
+)
 
 JOB = "standby"
 CONF = {
@@ -67,18 +74,6 @@ class Worker:
         t = torch.tensor([float(int(os.environ["RANK"]) + 1)])
         dist.all_reduce(t)
         return t.item()
-
-
-def remove(cluster, node_id: str) -> None:
-    node = next(n for n in cluster.list_all_nodes() if n.node_id == node_id)
-    cluster.remove_node(node, allow_graceful=False)  # every process killed, Ray not told
-
-
-def held_spare(res) -> str:
-    """The node of the one spare the reservation holds, once it holds it."""
-    info = wait_for(lambda: (i := res.refresh()).spares and i, timeout=60)
-    (spare,) = info.spares
-    return spare.node_id
 
 
 def standbys_on(group, node: str, timeout: float = 60.0, count: int = 4) -> list[dict]:
