@@ -207,3 +207,35 @@ def test_a_standby_engine_listens_on_its_spares_leases_and_keeps_them_as_the_ran
         group.shutdown()
     finally:
         ctl.release("engines")
+
+
+def test_more_losses_than_standbys_promote_those_there_are_and_start_the_rest(cluster):
+    """Two of the job's nodes die at once and the held spare runs standbys for one: those
+    are promoted, the other node's ranks start on a free node, and all form one group."""
+    for _ in range(3):  # the tests before left one GPU node
+        cluster.add_node(num_cpus=4, num_gpus=4)
+    cluster.wait_for_nodes()
+    comps = {"actor": {"placement": "0-7", "standby": True}}
+    ctl = clients.connect()
+    res = ctl.reserve("losses", {"num_nodes": 3, "spares": 1, "component_placement": comps})
+    try:
+        job_nodes = {a.placement.node_id for a in res.assignments("actor")}
+        spare = held_spare(res)
+        group = clients.WorkerGroup.launch(res, "actor", Worker, detached=True)
+        standing = {s["pid"] for s in standbys_on(group, spare)}
+        for node in job_nodes:
+            remove(cluster, node)
+        assert group.repair(timeout=180) == list(range(8))
+        ranks = ray.get([a.seen.remote() for a in group.actors], timeout=60)
+        promoted = [r for r, s in enumerate(ranks) if s["pid"] in standing]
+        assert len(promoted) == 4 and all(ranks[r]["promoted"] for r in promoted)
+        started = [s for r, s in enumerate(ranks) if r not in promoted]
+        assert not any(s["promoted"] for s in started)
+        assert {s["node"] for s in started}.isdisjoint(job_nodes | {spare})
+        for r, seen in enumerate(ranks):
+            assert seen["env"]["RANK"] == str(r) and seen["env"]["WORLD_SIZE"] == "8"
+        # The promoted and the started form one group from their environment alone.
+        assert ray.get([a.all_reduce.remote(1) for a in group.actors]) == [36.0] * 8
+        group.shutdown()
+    finally:
+        ctl.release("losses")
