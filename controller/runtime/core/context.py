@@ -130,7 +130,7 @@ class Context:
         self.settings = settings
         self.prefix = prefix
         self.incarnation = incarnation
-        self.nodes = ClusterNodes()
+        self.nodes = ClusterNodes(io)
         self.tasks = tasks or Tasks()
         self.stewards = Stewards(self.tasks)
         self.progress = Progress()

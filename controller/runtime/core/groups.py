@@ -56,7 +56,7 @@ async def wait_for_nodes(
         while view.num_nodes < spec.num_nodes:
             if demand is not None:
                 await demand.settle(key)  # a node joined for it: the view below has it
-            nodes.set_all(await io.nodes())  # a join the loop has not seen
+            await nodes.refresh()  # a join the loop has not seen
             view = nodes.view(spec.accelerator)
             if view.num_nodes >= spec.num_nodes:
                 break

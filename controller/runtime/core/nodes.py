@@ -83,9 +83,16 @@ class ClusterNodes:
     """Which nodes are alive, what Ray says of each, which Ray is draining, which an
     operator cordoned, and the live view per accelerator: the nodes a plan or a spare
     may use (alive, not draining, not cordoned). A node an operator drained counts as
-    draining, without a deadline, so its slots move as for Ray's drain."""
+    draining, without a deadline, so its slots move as for Ray's drain.
 
-    def __init__(self) -> None:
+    The one writer of the node view: Ray's lists come in through :meth:`refresh` and
+    :meth:`refresh_draining` (read through ``io``, the cluster seam), node events and
+    the fence's verdicts through :meth:`joined` and :meth:`died`, the operator's cordons
+    through :meth:`set_cordoned`. Whoever needs a fresh view asks for one; nobody hands
+    it a list."""
+
+    def __init__(self, io: ClusterIO) -> None:
+        self._io = io
         self._alive: set[str] = set()
         self._draining: dict[str, float] = {}  # node -> deadline (0: none)
         self._cordoned: dict[str, bool] = {}  # node -> drained too (controller.state.records)
@@ -115,8 +122,9 @@ class ClusterNodes:
             self._cordoned = dict(cordoned)
             self._version += 1
 
-    def set_draining(self, draining: dict[str, float]) -> None:
-        """Take Ray's draining nodes; the view leaves them out from now on."""
+    async def refresh_draining(self) -> None:
+        """Read Ray's draining nodes; the view leaves them out from now on."""
+        draining = await self._io.draining_nodes()
         if draining != self._draining:
             self._draining = dict(draining)
             self._version += 1
@@ -128,8 +136,9 @@ class ClusterNodes:
     def info(self, node_id: str) -> NodeInfo | None:
         return self._info.get(node_id)
 
-    def set_all(self, infos: list[NodeInfo]) -> bool:
-        """Take Ray's full node list; True if a node joined since the last one."""
+    async def refresh(self) -> bool:
+        """Read Ray's full node list; True if a node joined since the last one."""
+        infos = await self._io.nodes()
         alive = {n.node_id for n in infos if n.alive}
         joined = bool(alive - self._alive) and bool(self._info)
         self._alive = alive
@@ -255,7 +264,7 @@ class Demand:
         self._placed_at[key] = core.now()
         self.met += 1
         await self.withdraw(key)
-        self._nodes.set_all(await self._io.nodes())
+        await self._nodes.refresh()
         await self._wait_free(freed)
         log.info("demand %s was met on node(s) %s", key, ", ".join(n[:12] for n in sorted(freed)))
         return True

@@ -173,7 +173,7 @@ class Applier:
             )
 
     async def _change(self, res: ReservationRecord, spec) -> tuple[Change, dict]:
-        self._nodes.set_all(await self._io.nodes())
+        await self._nodes.refresh()
         view = bound_view(res, self._nodes.view(spec.accelerator))
         old_groups = {g.label: g for g in res.spec.node_groups}
         floating, choose = {}, []

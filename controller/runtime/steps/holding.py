@@ -147,7 +147,7 @@ class Holder:
         await self._demand.settle(key)  # a node that joined for a spare: free to take now
         rank, bundles = spare_bundles(res)
         need = need_of(bundles)
-        self._nodes.set_all(await self._io.nodes())
+        await self._nodes.refresh()
         draining = self._nodes.draining
         live = [
             n for n in self._nodes.view(res.spec.accelerator).nodes if n.node_id not in draining

@@ -70,7 +70,7 @@ class Reconciler:
         """
         await self._io.node_events()  # subscribe first: no death between read and watch
         loaded = await self._state.load()
-        self._nodes.set_all(await self._io.nodes())
+        await self._nodes.refresh()
         self._nodes.set_cordoned(self._state.cordons)
         table = await self._io.groups()
         for job in sorted(self._state.records):
@@ -151,7 +151,7 @@ class Reconciler:
             if orphans:
                 self._tasks.start("sweep", "orphans", self._sweep(orphans))
         try:  # 4
-            self._nodes.set_draining(await self._io.draining_nodes())
+            await self._nodes.refresh_draining()
         except Exception as e:  # the last answer stands; the next tick asks again
             log.info("reading Ray's draining nodes: %s", e)
         self._follow_up(joined)  # 5
@@ -172,7 +172,7 @@ class Reconciler:
         if full is None:
             full = now - self._last_full >= self.settings.full_check_period
         if full or joined:
-            joined = self._nodes.set_all(await self._io.nodes()) or joined
+            joined = await self._nodes.refresh() or joined
         if full:
             self._last_full = now
         return full, joined

@@ -257,7 +257,7 @@ class Repairer:
         failure every group made for the attempt is removed. New master ports stay held
         in ``holds`` until the caller has written the record. A lost node's slots go to
         a held spare of their shape first (``cluster.spares``): nothing to place."""
-        self._nodes.set_all(await self._io.nodes())
+        await self._nodes.refresh()
         table = await self._io.groups(sorted(res.group_ids()))
         found = groups.broken_slots(res, table, self._nodes)
         moving = {i for i, s in enumerate(res.slots) if s.node_id in (draining or {})}
