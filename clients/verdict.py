@@ -126,6 +126,31 @@ def judge(
         kill([actors[r] for r in hung])
 
 
+def judge_group(
+    actors: Sequence[Any],
+    assignments: Sequence[Any],
+    reservation: Any,
+    dead: Callable[[], set[int]],
+    timeout: float,
+    hung_after: float | None,
+    say: Callable[[str], None],
+) -> None:
+    """:func:`judge` as a group's ``repair(timeout, hung_after)`` calls it, its ranks
+    started with ``assignments``: a rank silent on a live node for ``hung_after``
+    seconds is killed as hung (never, with None), and a lost node waits at most
+    ``timeout`` for its verdict."""
+    judge(
+        actors,
+        [a.placement.node_id for a in assignments],
+        reservation,
+        dead=dead,
+        within=min(hung_after or 10.0, timeout),
+        kill_hung=hung_after is not None,
+        say=say,
+        lost_within=timeout,
+    )
+
+
 def final(answer: str | None, node: str) -> bool:
     """Whether a rank whose worker gave ``answer`` on a node with the controller's
     verdict ``node`` needs no more waiting (Ray's own report of its death aside)."""

@@ -259,15 +259,14 @@ class WorkerGroup:
         started = time.monotonic()
         res = self.reservation
         say = progress or (lambda m: print(f"placectl: {m}", file=sys.stderr, flush=True))
-        verdict.judge(
+        verdict.judge_group(
             self._roster.actors,
-            [a.placement.node_id for a in self._roster.assignments],
+            self._roster.assignments,
             res,
-            dead=lambda: set(self.dead_ranks()),
-            within=min(hung_after or 10.0, timeout),
-            kill_hung=hung_after is not None,
-            say=say,
-            lost_within=timeout,
+            lambda: set(self.dead_ranks()),
+            timeout,
+            hung_after,
+            say,
         )
         res.wait_ready(max(timeout - (time.monotonic() - started), 1.0), progress=progress)
         fresh = res.assignments(self.component)

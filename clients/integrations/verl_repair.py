@@ -133,15 +133,14 @@ class VerlStandbys:
                 "repair() of a colocated verl worker group (colocated_worker_group) is not "
                 "supported yet: repair each role's group, or start the group again"
             )
-        verdict.judge(
+        verdict.judge_group(
             self._workers,
-            [a.placement.node_id for a in old],
+            old,
             res,
-            dead=lambda: set(self._placectl_dead_ranks()),
-            within=min(hung_after or 10.0, timeout),
-            kill_hung=hung_after is not None,
-            say=default_say,
-            lost_within=timeout,
+            lambda: set(self._placectl_dead_ranks()),
+            timeout,
+            hung_after,
+            default_say,
         )
         res.wait_ready(max(timeout - (time.monotonic() - started), 1.0))
         fresh = res.assignments(component)
