@@ -49,7 +49,14 @@ def processes(node) -> list[psutil.Process]:
 
 
 def crash(cluster, node) -> None:
-    """The node dies at once: every process killed, nobody told."""
+    """The node dies at once: every process killed, nobody told.
+
+    Its workers are killed with the rest. ``remove_node`` alone kills the raylet and the
+    node's agents; a worker then lives on until it next checks its raylet (about a
+    second), still answering its peers, which no machine that lost power does."""
+    for p in processes(node):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
     cluster.remove_node(node, allow_graceful=False)
 
 

@@ -66,6 +66,8 @@ class Job:
         self.followed = 0  # the epoch whose moves the workers have followed
         self.preparing = 0  # the epoch whose moved ranks' replacements are starting
         self.recovered: dict = {}  # what the recovery in progress has relaunched so far
+        self.fault_at = 0.0  # when the last fault this driver asked for was done
+        self.rejoin_parts: dict[str, float] = {}  # the last rejoin's parts, in seconds
 
     # ------------------------------------------------------------ bring-up
     def _classes(self) -> dict[str, tuple]:
@@ -95,15 +97,27 @@ class Job:
 
     def _rejoin(self) -> None:
         """Every trainer rank re-forms the process group and restores the last
-        committed step; every rollout worker takes its weights."""
+        committed step; every rollout worker takes its weights. How long each part took
+        is kept for the recovery's event (``rejoin_parts``)."""
         last = self.ckpt.committed()
+        trainers = self.groups["actor"].actors
+        marks = [time.time()]
         # Every old group down before any rank forms the new one: a rank that joined
         # while rank 0 still finished an old call (a driver killed with the step's
         # updates in flight) met rank 0's old store at the same MASTER_PORT, read the
         # old group's addresses there and failed with "connection refused".
-        gather([t.leave.remote() for t in self.groups["actor"].actors])
-        gather([t.join.remote(last) for t in self.groups["actor"].actors])
+        gather([t.leave.remote() for t in trainers])
+        marks.append(time.time())
+        gather([trainers[0].host.remote()])  # rank 0's store listens before anyone dials
+        marks.append(time.time())
+        joined = gather([t.join.remote(last) for t in trainers])
+        marks.append(time.time())
         self._publish_weights(last)
+        marks.append(time.time())
+        parts = zip(("leave", "host", "join", "publish"), itertools.pairwise(marks), strict=True)
+        self.rejoin_parts = {k: b - a for k, (a, b) in parts}
+        for k in joined[0]["took"]:  # the slowest rank's, inside join
+            self.rejoin_parts[f"rank {k}"] = max(j["took"][k] for j in joined)
 
     def _publish_weights(self, version: int | None = None) -> None:
         """The trainers' weights of step ``version`` (the last committed) to rollout."""
@@ -277,7 +291,8 @@ class Job:
             if where["node"] in self.res.info.leaving:
                 continue
             self.pending.discard((kind, due))
-            fault(kind, due, rank=rank, node=where["node"], pid=where["pid"], at_step=step)
+            done = fault(kind, due, rank=rank, node=where["node"], pid=where["pid"], at_step=step)
+            self.fault_at = done["at"]
 
     def _stuck(self, relaunched: list[int]) -> list[int]:
         """Trainer ranks still inside the failed step's update after a grace: blocked in
@@ -306,7 +321,7 @@ class Job:
         at once and recovers again: what a job does on a cluster that keeps failing."""
         started, self.recovered = time.time(), {}
         try:
-            self._recover(step, error)
+            self._recover(step, error, started)
         except (ray.exceptions.RayError, StepTimeout, clients.PlacementError) as e:
             send(
                 "event",
@@ -317,8 +332,7 @@ class Job:
                 **self.recovered,  # what it did before it failed
             )
 
-    def _recover(self, step: int, error: Exception) -> None:
-        started = time.time()
+    def _recover(self, step: int, error: Exception, started: float) -> None:
         cause = cause_of(error)
         if self.opts.baseline:
             self._start_over(self._current_spec())
@@ -354,6 +368,8 @@ class Job:
             restarted=stuck,
             epoch=self.res.epoch,
             seconds=time.time() - started,
+            detected=started - self.fault_at if self.fault_at else None,
+            rejoin=self.rejoin_parts,
             parts={
                 "reservation": ready - started,
                 "workers": restarted - ready,

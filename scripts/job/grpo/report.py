@@ -29,11 +29,18 @@ def event_line(e: dict) -> str:
         parts = ", ".join(f"{k} {v:.2f}s" for k, v in e.get("parts", {}).items())
         stuck = e.get("restarted")
         more = f"; restarted actor{stuck}, stuck on the lost peer" if stuck else ""
+        if e.get("detected") is not None:
+            secs += f", {e['detected']:.2f}s after the fault"
         if e.get("promoted"):
             more += "; standbys promoted: " + ", ".join(f"{c}{r}" for c, r in e["promoted"].items())
         return (
             f"      -> repaired{secs} ({parts}): relaunched {ranks}{more}; epoch {e['epoch']}\n"
             f"         after {e['cause']}"
+            + (
+                "\n         rejoin: " + ", ".join(f"{k} {v:.2f}s" for k, v in e["rejoin"].items())
+                if e.get("rejoin")
+                else ""
+            )
         )
     if kind == "recovery failed":
         return f"      -> the recovery failed{secs}, the step is tried again: {e['cause']}"

@@ -48,6 +48,7 @@ class Trainer:
         self.rank = int(os.environ.get("RANK", "-1"))  # none yet on a standby
         self.policy, self.optim = task.build(config)
         self.ddp = None
+        self.store = None  # rank 0's store, opened by host() for the next join()
         self.checkpoints = Checkpoints(checkpoints)
 
     def on_promote(self, env: dict) -> None:
@@ -55,22 +56,63 @@ class Trainer:
         the group and restores the shard next."""
         self.rank = int(env["RANK"])
 
+    def host(self) -> None:
+        """Rank 0: open the group's store now, before any other rank dials it. A rank
+        that dials a store not yet listening tries again only after torch's connect
+        backoff (0.5 s and more), which was most of a rejoin after a crash."""
+        import clients
+
+        self.leave()
+        self.store = self._store(clients.current().env, master=True)
+
     def join(self, step: int) -> dict:
         """(Re)form the process group from the current assignment (the master may have
-        moved) and restore ``step``'s shard; step 0 is the initial state."""
+        moved) and restore ``step``'s shard; step 0 is the initial state. The group forms
+        on rank 0's store, opened by :meth:`host` beforehand, which the others dial at
+        MASTER_ADDR:MASTER_PORT, as ``env://`` would."""
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
         import clients
 
-        self.leave()
+        t0 = time.perf_counter()
         env = clients.current().env
+        store, self.store = self.store, None
+        if store is None:  # rank 0 without host(), or any other rank
+            self.leave()
+            store = self._store(env, master=env["RANK"] == "0")
         for key in ("MASTER_ADDR", "MASTER_PORT"):
             os.environ[key] = env[key]
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
+        t1 = time.perf_counter()
+        dist.init_process_group(
+            "gloo",
+            store=store,
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S),
+        )
+        t2 = time.perf_counter()
         self.restore(step)
+        t3 = time.perf_counter()
         self.ddp = DistributedDataParallel(self.policy)
-        return {**where(), "master": f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"}
+        t4 = time.perf_counter()
+        took = {"store": t1 - t0, "init": t2 - t1, "restore": t3 - t2, "ddp": t4 - t3}
+        return {**where(), "master": f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}", "took": took}
+
+    @staticmethod
+    def _store(env: dict, master: bool):
+        """The group's key-value store at ``env``'s MASTER_ADDR:MASTER_PORT: served by
+        rank 0, dialled by the others."""
+        import torch.distributed as dist
+
+        return dist.TCPStore(
+            env["MASTER_ADDR"],
+            int(env["MASTER_PORT"]),
+            int(env["WORLD_SIZE"]),
+            is_master=master,
+            timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S),
+            wait_for_workers=False,
+        )
 
     def restore(self, step: int) -> None:
         from grpo import task
@@ -112,7 +154,7 @@ class Trainer:
 
         import torch.distributed as dist
 
-        self.ddp = None
+        self.ddp = self.store = None
         if dist.is_initialized():
             dist.destroy_process_group()
             gc.collect()  # the group's connections close when its last reference goes
