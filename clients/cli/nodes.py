@@ -1,5 +1,5 @@
 """``placectl`` commands about nodes an operator takes out of placement: cordon, drain,
-uncordon, cordons."""
+fence, uncordon, cordons."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def _said(got: dict, how: str) -> str:
     line = f"node {where} {how}" + (f": {got['why']}" if got.get("why") else "")
     moving = got.get("moving")
     if moving:
-        line += f"\nmoving off it, make before break: {', '.join(moving)}"
+        how = "repaired at once" if got.get("fence") else "moving off it, make before break"
+        line += f"\n{how}: {', '.join(moving)}"
     return line
 
 
@@ -56,6 +57,23 @@ def drain(node, address, why, force, output, as_json) -> None:
     `WorkerGroup.sync()` at a step boundary. The node stays in Ray. Needs the
     operator's token (PLACECTL_OPERATOR_TOKEN) or --force."""
     _cordon(node, address, why, force, fmt(output, as_json), drain=True)
+
+
+@cli.command()
+@click.argument("node")
+@address_option
+@_WHY
+@_FORCE
+@output_option
+def fence(node, address, why, force, output, as_json) -> None:
+    """Declare NODE broken now (a GPU throwing Xid errors, a machine about to be
+    pulled): cordon it, then tell Ray it is dead, so its raylet exits and every process
+    there ends; every reservation with a slot there is repaired at once, as for a node
+    that died, and `WorkerGroup.repair()` relaunches its ranks. Not the head, nor the
+    controller's node. Needs the operator's token (PLACECTL_OPERATOR_TOKEN) or --force."""
+    output = fmt(output, as_json)
+    got = connect(address).fence(node, why=why, force=force)
+    emit(output, got, lambda: _said({**got, "why": why}, "fenced, told dead to Ray"))
 
 
 @cli.command()

@@ -25,6 +25,7 @@ from controller.runtime import core
 from controller.runtime.core.store import acting_as, client
 from controller.runtime.reads import status_bytes
 from controller.runtime.steps import Operations
+from controller.state import events as ev
 from controller.state.change import Caller, check_owner, owner_hash, owns
 from controller.state.lease_requests import LeaseCores, LeasePorts, ReleasePorts
 from controller.state.published import QueueEntry
@@ -292,36 +293,65 @@ def operator_may(operator: str, token: str, force: bool, refused: str) -> bool:
 class NodeCalls:
     """Answers ``cordon``, ``uncordon`` and ``cordons``. A cordon is written to the table
     before the node view leaves the node out; the loop moves a drained node's slots at
-    its next tick, as for a node Ray drains."""
+    its next tick, as for a node Ray drains. A fenced node is told dead to Ray after its
+    cordon is written: from there it takes the road of a node that died (Ray's node
+    event, the job's check, the repair), and its jobs are checked at once."""
 
     def __init__(self, ops: Operations) -> None:
-        self._state, self._nodes = ops.ctx.state, ops.ctx.nodes
+        self._io, self._state, self._nodes = ops.ctx.io, ops.ctx.state, ops.ctx.nodes
+        self._checker = ops.checker
 
     async def cordon(self, call: CordonNode) -> dict:
-        """Take ``call.node`` out of placement (and drain it); returns the cordon.
+        """Take ``call.node`` out of placement (and drain or fence it); returns the
+        cordon, the reservations moving off the node, and whether it was fenced.
 
         Raises:
             NotOwner: not the operator's token, and not ``force``.
-            ReservationError: no alive node, or several, answer to the name.
+            ReservationError: no alive node, or several, answer to the name; a fence of
+                the head or of the controller's own node; a fence Ray refused (the
+                cordon stays).
         """
         node = self._resolve(call.node, alive=True)
-        how = "draining" if call.drain else "cordoning"
+        how = "fencing" if call.fence else "draining" if call.drain else "cordoning"
         forced = operator_may(
             self._state.operator, call.token, call.force, f"{how} node {call.node!r} refused"
         )
         info = self._nodes.info(node)
+        where = f"{info.ip} ({node[:12]})" if info else node[:12]
+        if call.fence and (node == self._io.own_node() or (info and info.is_head)):
+            raise ReservationError(
+                f"node {where} runs this controller or Ray's head: fencing it would stop "
+                "placectl or the cluster; drain it instead (placectl drain)"
+            )
+        why = call.why
+        if call.fence:  # the listing says so: `placectl cordons`
+            why = f"fenced: {why}" if why else "fenced"
         cordon = Cordon(
-            node_id=node,
-            ip=info.ip if info else "",
-            drain=call.drain,
-            why=call.why,
-            at=core.wall(),
+            node_id=node, ip=info.ip if info else "", drain=call.drain, why=why, at=core.wall()
         )
         with acting_as(client(owner_hash(call.token), forced)):
             await self._state.set_cordon(node, cordon, cordon.shown())
         self._refresh()
-        moving = sorted(self._state.jobs_on(node)) if call.drain else []
-        return {**_shown(cordon), "moving": moving}
+        moving = sorted(self._state.jobs_on(node)) if call.drain or call.fence else []
+        if call.fence:
+            await self._fence(cordon, where, call.why)
+        return {**_shown(cordon), "moving": moving, "fence": call.fence}
+
+    async def _fence(self, cordon: Cordon, where: str, why: str) -> None:
+        """Tell Ray the cordon's node is dead (its raylet exits when it hears), then
+        check its jobs against Ray now: they are recorded degraded, and the loop is
+        woken to repair them."""
+        node, said = cordon.node_id, "the operator fenced it" + (f": {why}" if why else "")
+        try:
+            await self._io.fence(node, f"placectl fenced the node: {said}")
+        except Exception as e:
+            raise ReservationError(
+                f"node {where} is cordoned, but Ray refused its fence ({e}); fence it "
+                "again, or stop the machine"
+            ) from None
+        log.warning("node %s fenced: %s", where, said)
+        self._state.told(ev.fenced(node, cordon.ip, said))
+        await self._checker.confirm(self._state.jobs_on(node))
 
     async def uncordon(self, call: UncordonNode) -> dict:
         """Give ``call.node`` back to placement; returns the cordon lifted.

@@ -271,14 +271,17 @@ class SetQuota(msgspec.Struct):
 
 class CordonNode(msgspec.Struct):
     """``cordon``: no new slot on ``node`` (an id, a unique id prefix or an address);
-    with ``drain``, every slot there moves off too. ``why`` is kept for operators. Needs
-    the operator's ``token``, or ``force``."""
+    with ``drain``, every slot there moves off too, make before break; with ``fence``,
+    the node is told dead to Ray now and every slot there is replaced at once, as for a
+    node that died. ``why`` is kept for operators. Needs the operator's ``token``, or
+    ``force``."""
 
     node: str
     drain: bool = False
     why: str = ""
     token: str = ""
     force: bool = False
+    fence: bool = False
 
     def __post_init__(self) -> None:
         self.node = check_node_name(self.node)
@@ -287,6 +290,12 @@ class CordonNode(msgspec.Struct):
         check_flag(self.drain, "drain")
         check_token(self.token)
         check_flag(self.force, "force")
+        check_flag(self.fence, "fence")
+        if self.fence and self.drain:
+            raise ReservationError(
+                "fence or drain, not both: a fence replaces the node's slots at once, a "
+                "drain moves them make before break"
+            )
 
 
 class UncordonNode(msgspec.Struct):

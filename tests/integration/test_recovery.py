@@ -196,3 +196,39 @@ def test_an_operators_drain_moves_the_job_off_a_node_that_stays_and_uncordon_giv
     back = cli(cluster.address, "uncordon", node[:12], env=ops)
     assert back.returncode == 0 and "uncordoned" in back.stdout
     assert json.loads(cli(cluster.address, "cordons", "-o", "json").stdout) == []
+
+
+def test_an_operators_fence_kills_the_node_in_ray_and_repair_relaunches_its_ranks(cluster, ctl):
+    """`placectl fence NODE` (a GPU throwing Xid errors: the machine must go now), on a
+    real cluster: Ray's node table says the node is dead and its raylet exits, the job's
+    slots there are replaced at once, and `repair()` called the instant the command
+    returns relaunches exactly the ranks that were there, each answering from where
+    Ray puts it. The head is refused."""
+    add_spare(cluster)
+    res = ctl.reserve("fence", spec(), timeout_s=60)
+    group = clients.WorkerGroup.launch(res, "actor", Worker)
+    before = res.assignments("actor")
+    node = before[0].placement.node_id
+    there = [r for r, a in enumerate(before) if a.placement.node_id == node]
+    ops = {"PLACECTL_OPERATOR_TOKEN": "ops"}
+    ctl.set_operator("ops")
+    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and not n["Resources"].get("GPU"))
+    refused = cli(cluster.address, "fence", head[:12], env=ops)
+    assert refused.returncode == 2 and "Ray's head" in refused.stderr and head in alive_nodes()
+    done = cli(cluster.address, "fence", node[:12], "--why", "GPU 2 throws Xid 79", env=ops)
+    assert done.returncode == 0, done.stderr
+    assert "fenced" in done.stdout and "repaired at once: fence" in done.stdout
+    assert group.repair(timeout=60) == there  # the instant the command returns
+    assert node not in alive_nodes()  # Ray's own verdict
+    process = next(n for n in cluster.list_all_nodes() if n.node_id == node)
+    raylet = process.all_processes["raylet"][0].process
+    wait_for(lambda: raylet.poll() is not None, timeout=60)  # told it is dead, it exits
+    check_group(res, group)  # every rank answers from where Ray and the record put it
+    assert node not in {s.node_id for s in res.info.slots}
+    listed = json.loads(cli(cluster.address, "cordons", "-o", "json").stdout)
+    assert [(c["node"], c["why"]) for c in listed] == [(node, "fenced: GPU 2 throws Xid 79")]
+    group.shutdown()
+    ctl.release("fence")
+    cluster.remove_node(process, allow_graceful=False)
+    assert cli(cluster.address, "uncordon", node[:12], env=ops).returncode == 0
+    add_spare(cluster)

@@ -117,3 +117,48 @@ def test_a_bad_name_or_a_missing_token_gets_one_line_and_changes_nothing():
         await ctl.stop()
 
     run(go())
+
+
+def test_a_fenced_node_is_dead_in_ray_and_its_slots_are_replaced_at_once():
+    async def go():
+        fake = cluster(gpu_nodes=3)  # two hold the job, one is spare
+        ctl = await controller(fake)
+        await ctl.reserve("j", spec("0-7", num_nodes=3))
+        before = stored(fake, "j")
+        node = before.slots[0].node_id
+        got = await ctl.cordon(node=node, fence=True, why="Xid 79 on GPU 2", force=True)
+        assert got["node"] == node and got["moving"] == ["j"] and got["fence"]
+        assert "Xid 79 on GPU 2" in fake.fenced[node]  # told to Ray's GCS, with the reason
+        assert not fake.nodes_by_id[node].info.alive  # Ray's verdict now: dead
+        repaired = await until(lambda: (r := stored(fake, "j")).epoch == 2 and r)
+        assert node not in repaired.node_ids() and repaired.state == "ready"
+        assert repaired.node_ids() - {node} >= before.node_ids() - {node}  # the others stay
+        told = [e.message for e in ctl.state.history.since(0, "", 100) if e.kind == "fenced"]
+        assert len(told) == 1 and "Xid 79" in told[0]
+        listed = await ctl.cordons()  # the node stays out: a raylet back there takes no slot
+        assert [c["node"] for c in listed] == [node] and listed[0][
+            "why"
+        ] == "fenced: Xid 79 on GPU 2"
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_fence_of_the_controllers_node_or_with_a_drain_is_refused():
+    async def go():
+        fake = cluster(gpu_nodes=2)
+        ctl = await controller(fake)
+        head = fake.own_node()
+        with pytest.raises(ReservationError, match="runs this controller") as e:
+            await ctl.cordon(node=head, fence=True, force=True)
+        assert "\n" not in str(e.value)
+        node = sorted(n for n in fake.nodes_by_id if n != head)[0]
+        with pytest.raises(ReservationError, match="fence or drain, not both"):
+            await ctl.cordon(node=node, fence=True, drain=True, force=True)
+        with pytest.raises(NotOwner, match=r"fencing node .* refused"):
+            await ctl.cordon(node=node, fence=True, token="intruder")
+        assert fake.fenced == {} and await ctl.cordons() == []
+        assert all(n.info.alive for n in fake.nodes_by_id.values())
+        await ctl.stop()
+
+    run(go())
