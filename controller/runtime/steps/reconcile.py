@@ -14,9 +14,11 @@ which follow-ups are in flight).
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 import time
+from collections.abc import Callable, Container
 
 from controller.runtime import core
 from controller.runtime.core import groups
@@ -28,7 +30,14 @@ from controller.runtime.steps.checks import Checker
 from controller.runtime.steps.holding import HOLD, Holder
 from controller.runtime.steps.repair import Repairer
 from controller.runtime.steps.reserving import Reserver
-from controller.state.records import AUTO, DEGRADED, PENDING, READY, RELEASING
+from controller.state.records import (
+    AUTO,
+    DEGRADED,
+    PENDING,
+    READY,
+    RELEASING,
+    ReservationRecord,
+)
 
 log = logging.getLogger("placectl.controller")
 
@@ -58,6 +67,7 @@ class Reconciler:
         self._last_full = 0.0
         self._warmed: dict[str, float] = {}
         self.tick_stats: dict[str, float] = {}
+        self.found: dict[Finding, int] = {}  # the last pass's findings, by kind
 
     # ------------------------------------------------------------ recovery
     async def recover(self) -> Loaded:
@@ -137,9 +147,11 @@ class Reconciler:
            Ray's group table; each verdict is a ``CHECK`` step of the job's steward.
         3. **Orphans**: at a full pass, groups no record names are removed, in a task.
         4. **Drains**: Ray's draining nodes, read.
-        5. **Answer**: what each reservation's state asks for, posted to its steward in
-           a task (repair, move off draining nodes, finish a release, remove groups
-           left on drained nodes, clear an apply's intent, take or drop held spares).
+        5. **Find and answer**: one pass finds what each reservation asks for, as typed
+           :class:`Finding` s (old slots on drained nodes due, an apply's intent left,
+           a broken slot, a slot on a draining node, held spares due, a release cut
+           short), and posts each to its one answer, which runs as a step of the job's
+           steward (:meth:`_answers`).
         6. **Demand**: what nobody asks of the autoscaler any more, withdrawn.
         7. **Housekeep**: an idle worker kept on each reserved node; the pass's figures.
         """
@@ -192,25 +204,34 @@ class Reconciler:
         return jobs, table
 
     def _follow_up(self, joined: bool) -> None:
+        """Step 5: one pass over the reservations finds what each asks for
+        (:func:`findings`), and each finding is posted to its answer (:meth:`_answers`).
+        A job a call or a step holds, or one being reserved, is left to the next pass."""
         if joined:
             self._repairer.retry_now()  # a spare may have arrived: try at once
             self._holder.retry_now()
         draining, now = set(self._nodes.draining), core.wall()
+        answers, found = self._answers(), {}
         for job, res in list(self._state.records.items()):
             if self._stewards.busy(job) or self._reserver.in_progress(job):
                 continue
-            if any(x.remove_at <= now or x.node_id not in self._nodes for x in res.leaving):
-                self._tasks.start("leave", job, self._repairer.drop_leaving(job))
-            if res.applying is not None:  # an apply that could not clear its intent
-                self._tasks.start("clear intent", job, self._clear_intent(job))
-            elif res.state == DEGRADED and res.repair == AUTO:
-                self._repairer.schedule(job)
-            elif res.state == READY and res.repair == AUTO and draining & res.node_ids():
-                self._repairer.schedule_move(job)  # make before break, ahead of the deadline
-            elif self._holder.due(res):
-                self._holder.schedule(job)  # spares held, dropped or taken anew
-            elif res.state in (PENDING, RELEASING):
-                self._tasks.start("finish", job, self._finish_release(job))
+            for finding in findings(res, draining, self._nodes, now, self._holder.due(res)):
+                answers[finding](job)
+                found[finding] = found.get(finding, 0) + 1
+        self.found = found
+
+    def _answers(self) -> dict[Finding, Callable[[str], None]]:
+        """The one table of what each finding gets: a task of the job's, or the
+        repairer's or the holder's schedule (each posts a step to the job's steward)."""
+        start = self._tasks.start
+        return {
+            LEAVING_DUE: lambda job: start("leave", job, self._repairer.drop_leaving(job)),
+            INTENT_LEFT: lambda job: start("clear intent", job, self._clear_intent(job)),
+            BROKEN: self._repairer.schedule,
+            ON_DRAINING: self._repairer.schedule_move,  # make before break, before the deadline
+            SPARES_DUE: self._holder.schedule,
+            CUT_SHORT: lambda job: start("finish", job, self._finish_release(job)),
+        }
 
     async def _prune_demand(self) -> None:
         """Withdraw what nobody asks for any more: wants of jobs gone, spares of
@@ -278,6 +299,44 @@ class Reconciler:
             self._io.warm(node_id)
             self._warmed[node_id] = now
             budget -= 1
+
+
+class Finding(enum.StrEnum):
+    """What a pass of the loop finds a reservation asks for. Each has one answer
+    (:meth:`Reconciler._answers`); a broken slot's cause, recorded by the check, says
+    where the repair puts it (``controller.state.records.RESPONSES``)."""
+
+    LEAVING_DUE = "leaving-due"  # an old slot on a drained node: its time is up, or the node gone
+    INTENT_LEFT = "intent-left"  # an apply's intent its apply could not clear
+    BROKEN = "broken"  # recorded degraded, with automatic repair
+    ON_DRAINING = "on-draining"  # ready, with a slot on a draining node
+    SPARES_DUE = "spares-due"  # held spares to take, drop or replace
+    CUT_SHORT = "cut-short"  # a reservation or a release cut short
+
+
+LEAVING_DUE, INTENT_LEFT, BROKEN, ON_DRAINING, SPARES_DUE, CUT_SHORT = Finding
+
+
+def findings(
+    res: ReservationRecord, draining: set[str], nodes: Container[str], now: float, spares_due: bool
+) -> list[Finding]:
+    """What ``res`` asks for now, given the draining nodes, the nodes alive (``nodes``),
+    the wall clock and whether its held spares are due (the holder's word): old slots
+    to drop, then at most one of the others, the first that holds, in this order."""
+    out = []
+    if any(x.remove_at <= now or x.node_id not in nodes for x in res.leaving):
+        out.append(LEAVING_DUE)
+    if res.applying is not None:
+        out.append(INTENT_LEFT)
+    elif res.state == DEGRADED and res.repair == AUTO:
+        out.append(BROKEN)
+    elif res.state == READY and res.repair == AUTO and draining & res.node_ids():
+        out.append(ON_DRAINING)
+    elif spares_due:
+        out.append(SPARES_DUE)
+    elif res.state in (PENDING, RELEASING):
+        out.append(CUT_SHORT)
+    return out
 
 
 def _reservable(info: NodeInfo, bundles_held: int) -> bool:
