@@ -3,6 +3,7 @@ error at once, and saying an error in one line."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import ray
@@ -92,3 +93,28 @@ def publish(groups: dict, version: int) -> None:
     held = gather([g.load.remote(weights, version) for g in groups["rollout"].actors])
     if held != [version] * len(held):
         raise RuntimeError(f"rollout workers confirmed weights {held}, not {version}")
+
+
+def rejoin(groups: dict, last: int) -> dict[str, float]:
+    """Every trainer rank re-forms the process group and restores step ``last``; every
+    rollout worker takes its weights. Returns how long each part took, in seconds (the
+    slowest rank's for the parts inside ``join``)."""
+    trainers = groups["actor"].actors
+    marks = [time.time()]
+    # Every old group down before any rank forms the new one: a rank that joined while
+    # rank 0 still finished an old call (a driver killed with the step's updates in
+    # flight) met rank 0's old store at the same MASTER_PORT, read the old group's
+    # addresses there and failed with "connection refused".
+    gather([t.leave.remote() for t in trainers])
+    marks.append(time.time())
+    gather([trainers[0].host.remote()])  # rank 0's store listens before anyone dials
+    marks.append(time.time())
+    joined = gather([t.join.remote(last) for t in trainers])
+    marks.append(time.time())
+    publish(groups, last)
+    marks.append(time.time())
+    names = ("leave", "host", "join", "publish")
+    parts = {k: b - a for k, (a, b) in zip(names, itertools.pairwise(marks), strict=True)}
+    for k in joined[0]["took"]:
+        parts[f"rank {k}"] = max(j["took"][k] for j in joined)
+    return parts

@@ -97,27 +97,8 @@ class Job:
 
     def _rejoin(self) -> None:
         """Every trainer rank re-forms the process group and restores the last
-        committed step; every rollout worker takes its weights. How long each part took
-        is kept for the recovery's event (``rejoin_parts``)."""
-        last = self.ckpt.committed()
-        trainers = self.groups["actor"].actors
-        marks = [time.time()]
-        # Every old group down before any rank forms the new one: a rank that joined
-        # while rank 0 still finished an old call (a driver killed with the step's
-        # updates in flight) met rank 0's old store at the same MASTER_PORT, read the
-        # old group's addresses there and failed with "connection refused".
-        gather([t.leave.remote() for t in trainers])
-        marks.append(time.time())
-        gather([trainers[0].host.remote()])  # rank 0's store listens before anyone dials
-        marks.append(time.time())
-        joined = gather([t.join.remote(last) for t in trainers])
-        marks.append(time.time())
-        self._publish_weights(last)
-        marks.append(time.time())
-        parts = zip(("leave", "host", "join", "publish"), itertools.pairwise(marks), strict=True)
-        self.rejoin_parts = {k: b - a for k, (a, b) in parts}
-        for k in joined[0]["took"]:  # the slowest rank's, inside join
-            self.rejoin_parts[f"rank {k}"] = max(j["took"][k] for j in joined)
+        committed step; every rollout worker takes its weights (:func:`calls.rejoin`)."""
+        self.rejoin_parts = calls.rejoin(self.groups, self.ckpt.committed())
 
     def _publish_weights(self, version: int | None = None) -> None:
         """The trainers' weights of step ``version`` (the last committed) to rollout."""
