@@ -1,5 +1,6 @@
 """Nodes Ray is draining (a spot notice, a pod deleted): their slots move to spares
-before the nodes go, make before break, on the fake cluster."""
+before the nodes go, make before break, on the fake cluster; and the loop's one pass
+that finds what each reservation asks for (a move among the rest)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from controller.runtime import core
 from controller.runtime.core.settings import FAST
 from controller.runtime.edge import CREATED, REMOVED
 from tests.unit.fakes import cluster, controller, info, published, run, spec, stored, until
+from tests.unit.test_records import make
 from tests.unit.test_writers import watch
 
 
@@ -78,3 +80,40 @@ def test_a_release_removes_the_groups_still_leaving():
         await ctl.stop()
 
     run(go())
+
+
+def test_one_pass_finds_what_each_reservation_asks_for_in_order():
+    """The loop's detector (``reconcile.findings``), a pure function of the record and
+    the node view: what each state asks for, old slots on a drained node besides."""
+    from controller.runtime.steps.reconcile import Finding, findings
+    from controller.state.records import Applying, LeavingGroup
+
+    _, res = make()  # a ready record, as the controller keeps it
+    nodes = set(res.node_ids()) | {"elsewhere"}
+    node = sorted(res.node_ids())[0]
+    swap = msgspec.structs.replace
+
+    def found(r, draining=(), alive=nodes, now=100.0, spares_due=False):
+        return findings(r, set(draining), alive, now, spares_due)
+
+    assert found(res) == []  # ready, nothing draining: nothing to do
+    assert found(res, draining=["elsewhere"]) == []
+    assert found(res, draining=[node]) == [Finding.ON_DRAINING]
+    assert found(swap(res, repair="manual"), draining=[node]) == []  # the operator's call
+    assert found(swap(res, state="degraded")) == [Finding.BROKEN]
+    assert found(swap(res, state="degraded", repair="manual")) == []
+    assert found(res, spares_due=True) == [Finding.SPARES_DUE]
+    assert found(swap(res, state="releasing")) == [Finding.CUT_SHORT]
+    assert found(swap(res, state="pending")) == [Finding.CUT_SHORT]
+    stuck = swap(res, state="degraded", applying=Applying(epoch=4, group_names=["p:x"]))
+    assert found(stuck) == [Finding.INTENT_LEFT]  # cleared first: the repair comes after
+    old = LeavingGroup(group_id="g9", node_id="gone", remove_at=500.0)
+    left = swap(res, leaving=[old])
+    assert found(left) == [Finding.LEAVING_DUE]  # its node is gone
+    kept = swap(res, leaving=[swap(old, node_id="elsewhere")])
+    assert found(kept) == [] and found(kept, now=500.0) == [Finding.LEAVING_DUE]
+    # Old slots due go with one of the others; a broken slot comes before a drain.
+    assert found(swap(left, state="degraded"), draining=[node]) == [
+        Finding.LEAVING_DUE,
+        Finding.BROKEN,
+    ]
