@@ -179,3 +179,30 @@ def test_an_old_doubt_about_a_released_node_does_not_fence_it_later():
         await ctl.stop()
 
     run(go())
+
+
+def test_a_refusal_an_earlier_sweep_saw_waits_only_for_what_is_left_of_its_confirmation():
+    """A driver's repair() asks the controller's verdicts the instant its step fails. A
+    raylet refusing connections is fenced once refused twice ``refused_confirm`` apart;
+    when the loop's own sweep saw the first refusal, the call waits only for the rest."""
+
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        confirm = 1.0  # long, so that the wait is seen on the virtual clock
+        settings = msgspec.structs.replace(
+            FAST, liveness_period=0.25, refused_confirm=confirm, fence_after=10.0
+        )
+        ctl = await _reserved(fake, settings)
+        lost = stored(fake, "j").slots[0].node_id
+        loop = asyncio.get_running_loop()
+        fake.crash_node(lost)
+        await asyncio.sleep(0.6)  # the loop's sweep (every 0.25 s) has seen one refusal
+        assert lost not in fake.fenced
+        started = loop.time()
+        assert (await ctl.verdicts("j", [lost]))[lost] == "dead"
+        waited = loop.time() - started
+        assert waited < confirm - 0.3  # not a whole confirmation: what was left of it
+        assert "refuses connections" in fake.fenced[lost]
+        await ctl.stop()
+
+    run(go())

@@ -265,10 +265,18 @@ class Liveness:
         ask = {n for n in node_ids if n in self._nodes} & self.watched()
         if ask:
             fencing = await self.sweep(ask)
-            refused = {n for n in ask if n in self._refused_at and n in self._nodes}
-            if refused:
-                await asyncio.sleep(self.settings.refused_confirm)
-                fencing |= await self.sweep(refused)
+            # A refusal seen first by an earlier sweep is confirmed already (its fence
+            # runs): only the refusals still unconfirmed wait, and only for what is left
+            # of ``refused_confirm`` (a hair more: a timer may fire a tick early).
+            first = [
+                at
+                for n in ask - fencing - set(self.fenced)
+                if n in self._nodes and (at := self._refused_at.get(n)) is not None
+            ]
+            if first:
+                left = max(first) + self.settings.refused_confirm - core.now()
+                await asyncio.sleep(max(0.0, left + 0.001))
+                fencing |= await self.sweep({n for n in ask if n in self._refused_at})
             await self.fences(fencing)
         return self.verdicts(node_ids)
 
