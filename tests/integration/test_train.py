@@ -105,10 +105,11 @@ def test_a_drained_and_an_evicted_node_cost_no_step(runs):
 
 
 # With standbys (--standby: a held spare node, standby trainers and rollout workers
-# there), the next step after an abrupt node loss: stated 2.80 s (6.40 s relaunching,
+# there), the next step after an abrupt node loss: stated 1.59 s (7.70 s relaunching,
 # scripts/bench/bench_train_faults.py --modes placectl,standby). Bound for 2 loaded
-# cores; that the ranks were promoted, not started, is read from Ray's actor ids.
-NEXT_STEP_WITH_STANDBYS_S = 12.0
+# cores, below relaunching: a promotion that fell back to a start fails it. That the
+# ranks were promoted, not started, is read from Ray's actor ids.
+NEXT_STEP_WITH_STANDBYS_S = 6.0
 
 
 def test_with_standbys_a_node_loss_is_repaired_by_promotion_and_ends_equal(tmp_path):
