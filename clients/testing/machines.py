@@ -54,9 +54,15 @@ def crash(cluster, node) -> None:
     Its workers are killed with the rest. ``remove_node`` alone kills the raylet and the
     node's agents; a worker then lives on until it next checks its raylet (about a
     second), still answering its peers, which no machine that lost power does."""
-    for p in processes(node):
+    procs = processes(node)
+    for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
+    # A signal is delivered, not obeyed, when kill() returns: the node is dead once no
+    # process of it runs any more (milliseconds; bounded all the same).
+    deadline = time.monotonic() + 5.0
+    while alive(p.pid for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.005)
     cluster.remove_node(node, allow_graceful=False)
 
 

@@ -124,6 +124,9 @@ def test_abrupt_node_death_repair_at_once_relaunches_exactly_the_lost_ranks(
     watch.start()
     if how == "crash":
         machines.crash(cluster, node_of(cluster, victim))
+        # As when a machine loses power: its workers are gone with it, at once, not a
+        # second later when they would notice their raylet is (read from the kernel).
+        assert machines.alive(before[r]["pid"] for r in on_victim) == []
     else:
         cluster.remove_node(node_of(cluster, victim), allow_graceful=False)
     if delay:

@@ -67,7 +67,6 @@ class Reconciler:
         self._last_full = 0.0
         self._warmed: dict[str, float] = {}
         self.tick_stats: dict[str, float] = {}
-        self.found: dict[Finding, int] = {}  # the last pass's findings, by kind
 
     # ------------------------------------------------------------ recovery
     async def recover(self) -> Loaded:
@@ -211,14 +210,12 @@ class Reconciler:
             self._repairer.retry_now()  # a spare may have arrived: try at once
             self._holder.retry_now()
         draining, now = set(self._nodes.draining), core.wall()
-        answers, found = self._answers(), {}
+        answers = self._answers()
         for job, res in list(self._state.records.items()):
             if self._stewards.busy(job) or self._reserver.in_progress(job):
                 continue
             for finding in findings(res, draining, self._nodes, now, self._holder.due(res)):
                 answers[finding](job)
-                found[finding] = found.get(finding, 0) + 1
-        self.found = found
 
     def _answers(self) -> dict[Finding, Callable[[str], None]]:
         """The one table of what each finding gets: a task of the job's, or the
