@@ -32,6 +32,7 @@ _LAZY = {
     "StaleChange": "controller.errors",
     "StaleReservation": "controller.errors",
     "TableUnreadable": "controller.errors",
+    "UndecidedNodes": "controller.errors",
     "UnknownReservation": "controller.errors",
     "ControllerNotFound": "controller.errors",
 }

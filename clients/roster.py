@@ -118,19 +118,24 @@ class Roster:
             actor = launch.actor_cls.options(**options).remote(*args, **kwargs)
         return actor, name if self.detached else None, tag
 
-    def end_leftovers(self, stopped: list[tuple[Assignment, str | None]]) -> None:
-        """End what stopped workers (their assignment and tag) left on their nodes."""
+    def end_leftovers(
+        self, stopped: list[tuple[Assignment, str | None]], away: set[str] = frozenset()
+    ) -> None:
+        """End what stopped workers (their assignment and tag) left on their nodes, but
+        on the nodes ``away``."""
         by_node: dict[str, list[str]] = {}
         for a, tag in stopped:
-            if tag:
+            if tag and a.placement.node_id not in away:
                 by_node.setdefault(a.placement.node_id, []).append(tag)
         if by_node:
             slot_sweep.end_left_behind(by_node)
 
-    def stop(self, ranks: list[int], reused: set[int] | None = None) -> None:
-        """Kill ranks and end what they left on their nodes (:mod:`clients.slot_sweep`);
-        the names of the detached ones in ``reused`` (default all) are free again when
-        this returns, for a new worker of the same name."""
+    def stop(
+        self, ranks: list[int], reused: set[int] | None = None, away: set[str] = frozenset()
+    ) -> None:
+        """Kill ranks and end what they left on their nodes (:mod:`clients.slot_sweep`;
+        not on the nodes ``away``); the names of the detached ones in ``reused`` (default
+        all) are free again when this returns, for a new worker of the same name."""
         draining = slot_sweep.draining_nodes() if ranks else set()
         inside = [
             (self.actors[r], self.tags[r], a.placement.node_id)
@@ -145,7 +150,8 @@ class Roster:
             with contextlib.suppress(Exception):  # most are already dead with their node
                 ray.kill(self.actors[r], no_restart=True)
         self.end_leftovers(
-            [(self.assignments[r], self.tags[r]) for r in ranks if r < len(self.assignments)]
+            [(self.assignments[r], self.tags[r]) for r in ranks if r < len(self.assignments)],
+            away,
         )
         reused = set(ranks) if reused is None else reused
         names = [self.names[r] for r in ranks if self.detached and self.names[r] and r in reused]
@@ -164,10 +170,14 @@ class Roster:
                     break
                 time.sleep(0.05)
 
-    def relaunch(self, ranks: list[int], fresh: list[Assignment]) -> None:
+    def relaunch(
+        self, ranks: list[int], fresh: list[Assignment], away: set[str] = frozenset()
+    ) -> None:
         """Start ``ranks`` anew in ``fresh`` (ranks past the end are added): a prepared
         replacement made for the same assignment is swapped in, the others started
-        after the old worker is gone."""
+        after the old worker is gone. On the nodes ``away`` (cut off, their slots moved:
+        the controller ends what was left there when they answer again) nothing is
+        swept."""
         self.actors += [None] * (len(fresh) - len(self.actors))
         self.names += [None] * (len(fresh) - len(self.names))
         self.tags += [None] * (len(fresh) - len(self.tags))
@@ -175,7 +185,7 @@ class Roster:
         standing = {r: s for r in ranks if r not in ready and (s := self.standbys.take(fresh[r]))}
         old = [r for r in ranks if r < len(self.assignments)]
         swapped = set(ready) | set(standing)
-        self.stop(old, reused={r for r in old if r not in swapped})  # swapped: new names
+        self.stop(old, reused={r for r in old if r not in swapped}, away=away)  # swapped: new names
         promoted = {}
         for r in ranks:
             if r in ready:

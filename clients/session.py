@@ -64,7 +64,7 @@ def connect(
         token: the owner token of the reservations this client creates and changes
             (default: ``PLACECTL_TOKEN``, else the user's token file; see
             :mod:`clients.owner_token`).
-        settings: the controller's settings by name (``{"fence_after": "3"}``), for a
+        settings: the controller's settings by name (``{"suspect_after": "3"}``), for a
             controller this call starts; a running one keeps its own (said on stderr).
             Checked before anything starts.
 

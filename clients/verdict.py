@@ -1,26 +1,32 @@
 """Which ranks of a worker group are gone: the verdict on each, before anything relaunches.
 
 Ray calls a worker alive until it learns otherwise: at once when a worker process dies
-on a live node, but only after its health checks give up (15 s and more with Ray's
-defaults) when the whole node dies abruptly, hangs or is cut off. Meanwhile there is
-evidence on two levels, and :func:`settle` reads both:
+on a live node, but only after its health checks give up (about a minute with Ray's
+defaults for a silent node) when the whole node dies abruptly, hangs or is cut off.
+Meanwhile there is evidence on two levels, and :func:`settle` reads both:
 
 * the **node**: the controller's verdict on each node of the job (``verdicts``:
-  ``alive``, ``silent``, ``dead``, ``unknown``; :mod:`controller.runtime.steps.liveness`),
-  which fences a node whose raylet is gone once the evidence holds;
+  :mod:`controller.state.verdicts`), which suspects a node silent to it and to its
+  witnesses (the job's slot there moves: ``suspected``, then ``moved``) and fences a
+  node whose death is proven (``dead``);
 * the **rank**: whether its worker process answers a health check
   (:mod:`controller.runtime.edge.answers`).
 
-A rank's verdict is final when Ray reports it dead; when it answers on a node that is
-not dead; when it refuses placectl's credentials (``denied``: nothing known of the
-process) on a node the controller calls alive, since Ray learns at once of a process
-that dies on a live node. A rank is *lost* when its node is dead (fenced) or its process
-refuses connections (nothing listens there): even while its process still answers, or
-while Ray calls it alive (placectl may not fence: a secured cluster that refuses it), it
-is gone, and :func:`settle` waits for Ray's actor table to agree, at most ``lost_within``
-seconds, since nothing can be relaunched before. Every other rank (silent, or denied on
-a node not known alive) waits at most ``within`` seconds; those still silent then on a
-node the controller calls alive are hung.
+A rank's verdict is final when Ray reports it dead; when its node's is ``moved`` (its
+slot left the node: it is lost, and relaunched where the slot went); when it answers on
+a node that is ``alive``, ``silent`` or ``unknown``; when it refuses placectl's
+credentials (``denied``: nothing known of the process) on a node the controller calls
+alive, since Ray learns at once of a process that dies on a live node. A rank is *lost*
+when its node is dead or moved, or its process refuses connections (nothing listens
+there): even while its process still answers, or while Ray calls it alive. On a dead
+node :func:`settle` waits for Ray's actor table to agree, at most ``lost_within``
+seconds, since nothing can be relaunched before.
+
+No rank is reported not lost before the truth is known: a rank silent on a node with no
+verdict yet (``silent``, ``suspected``, ``unknown``: a cut-off node, or a controller that
+suspects itself) is waited for until its node has one, and if none comes within
+``lost_within`` seconds :func:`settle` raises :class:`UndecidedNodes`, naming the nodes.
+Only a rank silent on a node the controller calls alive is hung after ``within`` seconds.
 
 A worker that is only slow (a long step, a loop holding the GIL, a GC pause) answers
 from its RPC threads and is never a suspect.
@@ -38,8 +44,10 @@ from typing import Any
 
 import ray
 
+from controller.errors import UndecidedNodes
 from controller.runtime.edge.answers import DENIED, DOUBT_WAYS, OK, REFUSED, answers
-from controller.runtime.steps.liveness import ALIVE, DEAD  # the controller's verdicts
+from controller.state import verdicts as vd
+from controller.state.verdicts import ALIVE, DEAD, GONE, MOVED
 
 ANSWER_TIMEOUT_S = 1.0
 _told_denied: set[str] = set()  # the refusals this process has reported already
@@ -98,12 +106,23 @@ def judge(
     kill_hung: bool,
     say: Callable[[str], None],
     lost_within: float | None = None,
-) -> None:
+) -> dict[str, str]:
     """Wait for a final verdict on every rank of ``actors`` (one per rank, on ``nodes``;
     :func:`settle`) and kill the ones hung on a live node if ``kill_hung``: what
-    ``WorkerGroup.repair`` does before it relaunches anything."""
+    ``WorkerGroup.repair`` does before it relaunches anything. Returns the controller's
+    last verdict on each node (a node whose ranks moved off it is swept by the
+    controller when it answers again, not by the driver).
+
+    Raises:
+        UndecidedNodes: a node of a silent rank had no verdict within ``lost_within``.
+    """
     live = [r for r, a in enumerate(actors) if a is not None]
     asked: set[int] = set()
+    seen: dict[str, str] = {}
+
+    def ask_nodes() -> Mapping[str, str]:
+        seen.update(reservation.controller.verdicts(reservation.job, list(nodes)))
+        return seen
 
     def ask_ranks(ranks: list[int]) -> dict[int, str]:
         got = rank_answers([actors[r] for r in ranks], doubted=[r in asked for r in ranks])
@@ -113,7 +132,7 @@ def judge(
     hung = settle(
         live,
         nodes,
-        ask_nodes=lambda: reservation.controller.verdicts(reservation.job, list(nodes)),
+        ask_nodes=ask_nodes,
         ask_ranks=ask_ranks,
         dead=dead,
         within=within,
@@ -124,6 +143,7 @@ def judge(
         job = reservation.job
         say(f"{job}: ranks {hung} silent for {within:g}s on live nodes: killed as hung")
         kill([actors[r] for r in hung])
+    return dict(seen)
 
 
 def judge_group(
@@ -134,12 +154,12 @@ def judge_group(
     timeout: float,
     hung_after: float | None,
     say: Callable[[str], None],
-) -> None:
+) -> dict[str, str]:
     """:func:`judge` as a group's ``repair(timeout, hung_after)`` calls it, its ranks
     started with ``assignments``: a rank silent on a live node for ``hung_after``
-    seconds is killed as hung (never, with None), and a lost node waits at most
-    ``timeout`` for its verdict."""
-    judge(
+    seconds is killed as hung (never, with None), and a node waits at most ``timeout``
+    for its verdict. Returns the verdict on each node."""
+    return judge(
         actors,
         [a.placement.node_id for a in assignments],
         reservation,
@@ -156,15 +176,29 @@ def final(answer: str | None, node: str) -> bool:
     verdict ``node`` needs no more waiting (Ray's own report of its death aside)."""
     if node == DEAD:
         return False  # lost, even if its process still answers: Ray's table must agree
+    if node == MOVED:
+        return True  # lost: its slot left the node; relaunched where the slot went
     if answer == OK:
-        return True
+        return node != vd.SUSPECTED  # a suspect's slot is about to move: its verdict comes
     return answer == DENIED and node == ALIVE  # Ray knows at once if it died there
 
 
 def lost(answer: str | None, node: str) -> bool:
-    """Whether such a rank is gone for certain (its node dead, or nothing listening where
-    its process was), so that only Ray's own report of its death is waited for."""
-    return node == DEAD or answer == REFUSED
+    """Whether such a rank is gone for certain (its node dead or its slot moved off it,
+    or nothing listening where its process was)."""
+    return node in GONE or answer == REFUSED
+
+
+def away(verdicts: Mapping[str, str]) -> set[str]:
+    """The nodes of ``verdicts`` a driver must not wait on to sweep what its stopped
+    ranks left: those whose slots moved off them while they were away (the controller
+    sweeps them when they answer again) or that are dead."""
+    return {n for n, v in verdicts.items() if v in GONE}
+
+
+def undecided(answer: str | None, node: str) -> bool:
+    """Whether such a rank waits on its node's verdict (not on Ray's table, not hung)."""
+    return not lost(answer, node) and node != ALIVE
 
 
 def settle(
@@ -180,37 +214,55 @@ def settle(
     lost_within: float | None = None,
 ) -> list[int]:
     """Wait until every rank of ``ranks`` has a final verdict (:func:`final`) or Ray
-    reports it dead: at most ``within`` seconds for the doubtful, ``lost_within``
-    (default ``within``) for the lost (:func:`lost`). Returns the hung ranks: those
-    still waiting then that do not answer (silent, or refusing connections) on a node
-    the controller calls alive. ``ask_nodes()`` gives the controller's verdict by node id
-    (it fences what the evidence condemns, :mod:`controller.runtime.steps.liveness`);
-    ``ask_ranks(ranks)`` each rank's answer; ``dead()`` the ranks Ray reports dead."""
+    reports it dead. Returns the hung ranks: those silent (or refusing connections)
+    ``within`` seconds on a node the controller calls alive. Lost ranks (:func:`lost`)
+    wait for Ray's table at most ``lost_within`` (default ``within``) seconds; ranks on a
+    node with no verdict yet wait as long for one. ``ask_nodes()`` gives the controller's
+    verdict by node id (:mod:`controller.state.verdicts`); ``ask_ranks(ranks)`` each rank's
+    answer; ``dead()`` the ranks Ray reports dead.
+
+    Raises:
+        UndecidedNodes: ranks still wait on their nodes' verdicts after ``lost_within``:
+            nothing is known of them, so none is reported lost or kept.
+    """
+    lost_within = within if lost_within is None else lost_within
     started = clock()
     left = sorted(ranks)
     said = False
     verdicts: Mapping[str, str] = {}
     got: Mapping[int, str] = {}
+
+    def node_of(r: int) -> str:
+        return verdicts.get(nodes[r], ALIVE)
+
     while left:
         verdicts = ask_nodes()
         gone = dead()
         left = [r for r in left if r not in gone]
         got = ask_ranks(left) if left else {}
-        left = [r for r in left if not final(got.get(r), verdicts.get(nodes[r], ALIVE))]
+        left = [r for r in left if not final(got.get(r), node_of(r))]
         waited = clock() - started
-        certain = [r for r in left if lost(got.get(r), verdicts.get(nodes[r], ALIVE))]
-        if not left or waited >= max(within, lost_within or 0.0):
-            break
-        if waited >= within and not certain:
+        hung = [r for r in left if node_of(r) == ALIVE and got.get(r) not in (OK, DENIED)]
+        waiting = [r for r in left if r not in hung or waited < within]
+        if not left or not waiting or waited >= max(within, lost_within):
             break
         if not said and waited >= 1.0:
-            what = {r: f"{got.get(r)}, node {verdicts.get(nodes[r], ALIVE)}" for r in left}
-            say(f"ranks {left} have no verdict yet ({what}); waiting up to {within:g}s")
+            what = {r: f"{got.get(r)}, node {node_of(r)}" for r in left}
+            say(f"ranks {left} have no verdict yet ({what}); waiting up to {lost_within:g}s")
             said = True
         sleep(0.2)
-    return [
-        r for r in left if verdicts.get(nodes[r], ALIVE) == ALIVE and got.get(r) not in (OK, DENIED)
-    ]
+    stuck = [r for r in left if undecided(got.get(r), node_of(r))]
+    if stuck:
+        where = sorted({nodes[r] for r in stuck})
+        told = ", ".join(f"{n[:12]} ({verdicts.get(n, ALIVE)})" for n in where)
+        raise UndecidedNodes(
+            f"ranks {stuck} have no verdict after {clock() - started:.1f}s: their node(s) "
+            f"{told} neither answer nor are judged; nothing was relaunched or killed. Try "
+            "again later: placectl suspects a silent node once witnesses agree, and fences "
+            "it on proof or after its grace",
+            where,
+        )
+    return [r for r in left if node_of(r) == ALIVE and got.get(r) not in (OK, DENIED)]
 
 
 @ray.remote(num_cpus=0, max_retries=0)

@@ -259,7 +259,7 @@ class WorkerGroup:
         started = time.monotonic()
         res = self.reservation
         say = progress or (lambda m: print(f"placectl: {m}", file=sys.stderr, flush=True))
-        verdict.judge_group(
+        nodes = verdict.judge_group(
             self._roster.actors,
             self._roster.assignments,
             res,
@@ -285,7 +285,7 @@ class WorkerGroup:
             held = held_groups(res)
             keep |= {key for key in self._roster.standbys.running if key[0] in held}
         self._roster.drop_standbys(keep)
-        self._roster.relaunch(lost, fresh)
+        self._roster.relaunch(lost, fresh, away=verdict.away(nodes))
         if lost:
             label = f"{res.job}/{self.component}"
             remaining = max(timeout - (time.monotonic() - started), 1.0)

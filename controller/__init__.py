@@ -53,6 +53,7 @@ _EXPORTS = {
     "PlacementStringError": "controller.errors",
     "SpecError": "controller.errors",
     "SettingsError": "controller.errors",
+    "UndecidedNodes": "controller.errors",
     "StridedPlacementStrategy": "controller.planning.strategies",
     "load_spec": "controller.planning.spec",
 }
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
         StaleChange,
         StaleReservation,
         TableUnreadable,
+        UndecidedNodes,
         UnknownReservation,
     )
     from controller.planning.cluster import ClusterView, NodeView
@@ -150,6 +152,7 @@ __all__ = [
     "StaleReservation",
     "StridedPlacementStrategy",
     "TableUnreadable",
+    "UndecidedNodes",
     "UnknownReservation",
     "load_spec",
 ]

@@ -38,6 +38,23 @@ class ReservationTimeout(ReservationError):
     """The cluster could not satisfy a reservation within its timeout."""
 
 
+class UndecidedNodes(ReservationTimeout):
+    """A repair waited its whole timeout for a verdict on the nodes of ranks that do not
+    answer, and none came (the nodes are cut off, or the controller suspects itself):
+    nothing is known of those ranks, so none was relaunched or reported kept.
+
+    Attributes:
+        nodes: the node ids still without a verdict.
+    """
+
+    def __init__(self, message: str, nodes: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.nodes = list(nodes or [])
+
+    def __reduce__(self):  # crosses Ray with its nodes
+        return (type(self), (str(self), self.nodes))
+
+
 class ReservationConflict(ReservationError):
     """The job name is reserved already with a different specification."""
 

@@ -21,6 +21,7 @@ import msgspec
 
 from clients.testing.fake_network import FakeNetwork
 from clients.testing.fake_placement import FakeFault, FakeGroup, FakeNode, place, usable
+from clients.testing.fake_store import FakeStore
 from controller.runtime.edge import (
     CREATED,
     HEAD_RESOURCE,
@@ -53,7 +54,7 @@ class Latency:
         self.per_node_read = per_node_read  # added per node to a whole-cluster read
 
 
-class FakeCluster(FakeNetwork):
+class FakeCluster(FakeNetwork, FakeStore):
     """An in-memory Ray cluster. Nodes are added with :meth:`add_node`.
 
     Args:
@@ -65,25 +66,22 @@ class FakeCluster(FakeNetwork):
         self.accelerator = accelerator
         self.latency = latency or Latency()
         self.metrics = KeptMetrics()
-        self.kv: dict[bytes, bytes] = {}
         self.nodes_by_id: dict[str, FakeNode] = {}
         self.groups_by_id: dict[str, FakeGroup] = {}
         self.events: collections.deque[NodeEvent] = collections.deque()
         self.ray_seconds = 0.0
         self.calls: collections.Counter[str] = collections.Counter()
-        self.bytes_written = 0
         self.warmed: collections.Counter[str] = collections.Counter()
-        self.fail_kv_writes = 0  # the next n writes raise
-        self.hang_kv_writes = False  # writes never return
-        self.write_gate = None  # async (key) -> None: holds a put open (a slow write)
         self.slow_removal: set[str] = set()  # group ids whose removal Ray never reports
         self.create_delay = 0.0  # seconds a creation takes; it completes even if the
         # caller stops waiting, as Ray's does
         self.probe_delay = 0.0  # seconds a probe task takes
         self.store = "redis"  # where the GCS keeps its tables (gcs_store)
+        self.ray_detection = 62.0  # Ray's detection of a silent node (its defaults)
         self.fenced: dict[str, str] = {}  # node -> the reason placectl gave Ray
         self.fence_refusal: Exception | None = None  # raised by every fence while set
         FakeNetwork.__init__(self)
+        FakeStore.__init__(self)
         self.draining: dict[str, float] = {}  # node -> deadline (0: none); nothing new lands
         self._ids = itertools.count(1)
         self._making: set[asyncio.Task] = set()
@@ -125,6 +123,7 @@ class FakeCluster(FakeNetwork):
             resources=res,
             labels={"ray.io/node-id": node_id, **(labels or {})},
             raylet=f"{ip or f'10.0.{n // 250}.{n % 250 + 1}'}:{40000 + n}",
+            second=f"{ip or f'10.0.{n // 250}.{n % 250 + 1}'}:{50000 + n}",
         )
         devices = device_ids if device_ids is not None else list(range(num_gpus))
         self.nodes_by_id[node_id] = FakeNode(info, self.accelerator, devices)
@@ -161,45 +160,6 @@ class FakeCluster(FakeNetwork):
     def _cost(self, what: str, seconds: float) -> None:
         self.calls[what] += 1
         self.ray_seconds += seconds
-
-    async def kv_get(self, key: bytes) -> bytes | None:
-        self._cost("kv_get", self.latency.gcs_rtt)
-        return self.kv.get(key)
-
-    async def kv_multi_get(self, keys: list[bytes]) -> dict[bytes, bytes]:
-        self._cost("kv_multi_get", self.latency.gcs_rtt)
-        return {k: self.kv[k] for k in keys if k in self.kv}
-
-    async def _write(self, key: bytes = b"") -> None:
-        if self.write_gate is not None:
-            await self.write_gate(key)
-        if self.hang_kv_writes:
-            await asyncio.Event().wait()
-        if self.fail_kv_writes:
-            self.fail_kv_writes -= 1
-            raise FakeFault("injected: GCS write failed")
-
-    # The event history's writes (keys event/...) are counted apart and get none of the
-    # injected faults, which are aimed at the table's writes; a failing history write
-    # is tested on the History itself.
-    async def kv_put(self, key: bytes, value: bytes) -> None:
-        history = key.startswith(b"event/")
-        self._cost("kv_put_event" if history else "kv_put", self.latency.gcs_rtt)
-        if not history:
-            await self._write(key)
-            self.bytes_written += len(key) + len(value)
-        self.kv[key] = bytes(value)
-
-    async def kv_delete(self, key: bytes) -> None:
-        history = key.startswith(b"event/")
-        self._cost("kv_delete_event" if history else "kv_delete", self.latency.gcs_rtt)
-        if not history:
-            await self._write(key)
-        self.kv.pop(key, None)
-
-    async def kv_keys(self, prefix: bytes) -> list[bytes]:
-        self._cost("kv_keys", self.latency.gcs_rtt)
-        return [k for k in self.kv if k.startswith(prefix)]
 
     # ------------------------------------------------------------ nodes
     async def nodes(self) -> list[NodeInfo]:
@@ -245,7 +205,7 @@ class FakeCluster(FakeNetwork):
         ways: dict[str, int] | None = None,
     ) -> dict[str, str]:
         self._cost("node_answers", self.latency.gcs_rtt)
-        got = self._seen_from(self.own_node(), addresses)
+        got = self._seen_from(self.own_node(), addresses, ways or 1)
         if why is not None:
             why.update({n: "UNAUTHENTICATED: injected" for n, a in got.items() if a == "denied"})
         return got
@@ -377,15 +337,18 @@ class FakeCluster(FakeNetwork):
     async def _task_on(self, node_id: str, what: str) -> FakeNode:
         self._cost(what, self.latency.gcs_rtt)
         node = self.nodes_by_id[node_id]
-        if not node.answers or not node.info.alive:
+        if not node.answers or not node.info.alive or not self.reaches(self.own_node(), node_id):
             await asyncio.Event().wait()  # a task on an unresponsive node never returns
         return node
 
     async def free_ports(self, node_id: str, candidates: list[int]) -> list[int]:
         return (await self._task_on(node_id, "free_ports")).unbound(candidates)
 
-    async def end_leftovers(self, node_id: str, uid: str) -> list[str]:
-        return (await self._task_on(node_id, "end_leftovers")).end_left(uid)
+    async def end_leftovers(self, node_id: str, uid: str, ray_workers: bool = False) -> list[str]:
+        return (await self._task_on(node_id, "end_leftovers")).end_left(uid, ray_workers)
+
+    def detection_bound(self) -> float:
+        return self.ray_detection
 
     def warm(self, node_id: str) -> None:
         self.warmed[node_id] += 1

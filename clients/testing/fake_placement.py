@@ -23,15 +23,22 @@ class FakeNode:
         self.answers = True
         self.raylet = "ok"  # what its raylet answers a health check: ok, refused, silent
         self.left: dict[str, str] = {}  # processes workers left: command -> their tag
+        self.swept: list[tuple[str, bool]] = []  # sweeps run here: (uid, Ray workers too)
 
     def unbound(self, candidates: list[int]) -> list[int]:
         """The ports of ``candidates`` nothing here has bound, outside the ephemeral range."""
         low, high = self.ephemeral
         return [p for p in candidates if p not in self.bound_ports and not low <= p <= high]
 
-    def end_left(self, uid: str) -> list[str]:
-        """End the processes workers of reservation ``uid`` left here; their commands."""
-        ended = [c for c, tag in self.left.items() if tag.startswith(f"{uid}:")]
+    def end_left(self, uid: str, ray_workers: bool = False) -> list[str]:
+        """End the processes workers of reservation ``uid`` left here (its Ray workers
+        too, with ``ray_workers``); their commands."""
+        self.swept.append((uid, ray_workers))
+        ended = [
+            c
+            for c, tag in self.left.items()
+            if tag.startswith(f"{uid}:") and (ray_workers or not c.startswith("ray::"))
+        ]
         for command in ended:
             del self.left[command]
         return ended

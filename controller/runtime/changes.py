@@ -22,10 +22,10 @@ import msgspec
 
 from controller.errors import NotOwner, ReservationError
 from controller.runtime import core
+from controller.runtime.core.inbox import Source
 from controller.runtime.core.store import acting_as, client
 from controller.runtime.reads import status_bytes
 from controller.runtime.steps import Operations
-from controller.state import events as ev
 from controller.state.change import Caller, check_owner, owner_hash, owns
 from controller.state.lease_requests import LeaseCores, LeasePorts, ReleasePorts
 from controller.state.published import QueueEntry
@@ -300,6 +300,7 @@ class NodeCalls:
     def __init__(self, ops: Operations) -> None:
         self._io, self._state, self._nodes = ops.ctx.io, ops.ctx.state, ops.ctx.nodes
         self._checker = ops.checker
+        self._fencer = ops.fencer
 
     async def cordon(self, call: CordonNode) -> dict:
         """Take ``call.node`` out of placement (and drain or fence it); returns the
@@ -338,19 +339,17 @@ class NodeCalls:
         return {**_shown(cordon), "moving": moving, "fence": call.fence}
 
     async def _fence(self, cordon: Cordon, where: str, why: str) -> None:
-        """Tell Ray the cordon's node is dead (its raylet exits when it hears), then
-        check its jobs against Ray now: they are recorded degraded, and the loop is
-        woken to repair them."""
+        """Tell Ray the cordon's node is dead (its raylet exits when it hears) the way
+        the raylet watch fences (recorded, counted, posted to the node view), then check
+        its jobs now: they are recorded degraded, and the loop is woken to repair them."""
         node, said = cordon.node_id, "the operator fenced it" + (f": {why}" if why else "")
         try:
-            await self._io.fence(node, f"placectl fenced the node: {said}")
+            await self._fencer.fence_now(node, said)
         except Exception as e:
             raise ReservationError(
                 f"node {where} is cordoned, but Ray refused its fence ({e}); fence it "
                 "again, or stop the machine"
             ) from None
-        log.warning("node %s fenced: %s", where, said)
-        self._state.told(ev.fenced(node, cordon.ip, said))
         await self._checker.confirm(self._state.jobs_on(node))
 
     async def uncordon(self, call: UncordonNode) -> dict:
@@ -375,7 +374,7 @@ class NodeCalls:
         return [_shown(c) for c in sorted(self._state.cordons.values(), key=lambda c: c.at)]
 
     def _refresh(self) -> None:
-        self._nodes.set_cordoned(self._state.cordons)
+        self._nodes.cordons(self._state.cordons, Source.OPERATOR)
 
     def _resolve(self, name: str, alive: bool) -> str:
         if alive:

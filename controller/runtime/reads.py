@@ -27,7 +27,7 @@ from controller.runtime.core.settings import changed
 from controller.runtime.edge.answers import TEST_HOOKS
 from controller.runtime.steps import Operations
 from controller.runtime.steps.checks import Checker
-from controller.runtime.steps.liveness import SILENT_NODE
+from controller.state import verdicts as vd
 from controller.state.published import summarize
 from controller.state.records import ReservationRecord
 from controller.state.requests import ComponentOf, Fault, JobOf, NodesOf
@@ -137,37 +137,40 @@ class ReadCalls:
     async def status(self, call: JobOf) -> bytes:
         """The encoded :class:`ReservationInfo` of ``job``: never ``ready`` while Ray
         reports one of its nodes dead, nor while one of its raylets refuses connections
-        (the node is fenced first, see :mod:`controller.runtime.steps.liveness`)."""
+        (the node is fenced first, see :mod:`controller.runtime.steps.liveness`), nor
+        while one of them is suspected."""
         await self._suspect(call.job)
-        await self._ops.checker.confirm([call.job])
         return status_bytes(self._ops.checker, self._state.require(call.job))
 
-    async def _suspect(self, job: str) -> dict[str, str]:
-        """Ask the raylets of ``job``'s nodes now; the verdict on each of them."""
+    async def _suspect(self, job: str, also: set[str] = frozenset()) -> dict[str, str]:
+        """Ask the raylets of ``job``'s nodes (and of ``also``) now; the verdict on each
+        of them (:mod:`controller.state.verdicts`)."""
         res = self._state.get(job)
-        if res is None or not res.settled:
-            return {}
-        return await self._ops.liveness.check_now(res.node_ids())
+        holds = res.node_ids() if res is not None and res.settled else set()
+        await self._ops.liveness.check_now(holds | set(also))
+        await self._ops.checker.confirm([job])
+        res = self._state.get(job)
+        holds = res.node_ids() if res is not None else set()
+        return self._ops.liveness.verdicts(holds | set(also), holds)
 
     async def suspects(self, call: JobOf) -> list[str]:
-        """The nodes of ``job`` whose raylets do not answer now and that are not fenced
-        yet (each is fenced once silent for ``settings.fence_after`` and confirmed by
-        witnesses); a refusing one is fenced by this call."""
+        """The nodes of ``job`` whose raylets do not answer now and that are not judged
+        yet (each is suspected once silent for ``settings.suspect_after`` and confirmed
+        by witnesses, and its slots move); a refusing one is fenced by this call once a
+        second path confirms the refusal."""
         verdicts = await self._suspect(call.job)
-        await self._ops.checker.confirm([call.job])
-        return sorted(n for n, v in verdicts.items() if v == SILENT_NODE)
+        return sorted(n for n, v in verdicts.items() if v == vd.SILENT)
 
     async def verdicts(self, call: NodesOf) -> dict[str, str]:
         """The controller's verdict on each node of ``job`` and each of ``nodes`` (the
-        nodes a driver's ranks ran on), after asking the job's raylets now: ``alive``,
-        ``silent`` (no verdict yet), ``dead`` (Ray reports it dead, or it was fenced) or
-        ``unknown`` (placectl's calls are refused there, or the controller suspects
-        itself: Ray's verdict decides). What a driver's ``repair()`` waits on."""
-        await self._suspect(call.job)
-        await self._ops.checker.confirm([call.job])
-        res = self._state.get(call.job)
-        nodes = set(call.nodes) | (res.node_ids() if res is not None else set())
-        return dict(sorted(self._ops.liveness.verdicts(nodes).items()))
+        nodes a driver's ranks ran on), after asking their raylets now: ``alive``,
+        ``silent`` (no verdict yet), ``suspected`` (the job's slot there moves now),
+        ``moved`` (the job's slots left the node: its ranks there are lost), ``dead``
+        (Ray reports it dead, it was fenced, or its death is proven) or ``unknown``
+        (placectl's calls are refused there, or the controller suspects itself: Ray's
+        verdict decides). What a driver's ``repair()`` waits on
+        (:mod:`controller.state.verdicts`)."""
+        return dict(sorted((await self._suspect(call.job, set(call.nodes))).items()))
 
     async def list(self) -> bytes:
         """Encoded ``list[ReservationInfo]`` of every reservation, by job name."""
@@ -198,13 +201,16 @@ class DiagnosticCalls:
 
     async def health(self) -> dict[str, Any]:
         """Version, incarnation, node, recovery, refusal, how node events arrive, GCS
-        store, fenced nodes, who refuses placectl's own calls (``denied``: node id or
+        store, fenced nodes, the nodes in doubt (``doubts``: node id -> its phase, since
+        when, why, how many reservations' leftovers it owes), who refuses placectl's own
+        calls (``denied``: node id or
         ``gcs`` -> why), the fences that failed, whether the controller suspects itself
         (``cut_off``: it reaches no majority of the nodes it asks), the nodes an
         operator cordoned (``cordoned``: node id -> what and why), the steps the
         reservations' stewards run and hold (``steps``: job -> the trigger of the step
         running, then of those waiting), and the settings that differ from the defaults."""
         io = self._ctx.io
+        self._ctx.nodes.settle()  # the facts posted since the loop's last tick
         return {
             "version": version(),
             "incarnation": self._ctx.incarnation.id,
@@ -214,9 +220,13 @@ class DiagnosticCalls:
             "reservations": len(self._ctx.state.records),
             "node_events": io.watching(),
             "gcs_store": io.gcs_store(),
-            "fenced": dict(self._ops.liveness.fenced),
-            "denied": dict(self._ops.liveness.denied),
-            "fence_failures": self._ops.liveness.fence_failures,
+            "fenced": dict(self._ops.fencer.fenced),
+            "doubts": {
+                n: {"phase": r.phase.value, "since": r.since, "why": r.why, "owed": len(r.owed)}
+                for n, r in self._ctx.nodes.in_doubt().items()
+            },
+            "denied": dict(self._ops.fencer.denied),
+            "fence_failures": self._ops.fencer.failures,
             "cut_off": self._ops.liveness.cut_off,
             "cordoned": {n: c.shown() for n, c in self._ctx.state.cordons.items()},
             "steps": self._ctx.stewards.doing(),

@@ -44,6 +44,8 @@ RELEASED = "released"
 QUOTA = "quota"
 OPERATOR = "operator"
 FENCED = "fenced"  # a node placectl told Ray is dead
+SUSPECTED = "suspected"  # a node silent to the controller and its witnesses: its slots move
+BACK = "back"  # a suspected node answers again: what moved off it was ended, it is free
 DENIED = "denied"  # a node's raylet or the GCS refused placectl's own calls
 CUT_OFF = "cut_off"  # the controller reaches no majority of nodes (or again does)
 CORDON = "cordon"  # an operator cordoned, drained or uncordoned a node
@@ -62,6 +64,8 @@ KINDS = (
     QUOTA,
     OPERATOR,
     FENCED,
+    SUSPECTED,
+    BACK,
     DENIED,
     CUT_OFF,
     CORDON,
@@ -236,6 +240,29 @@ def fenced(node_id: str, ip: str, why: str, now: float | None = None) -> Event:
     )
 
 
+def suspected(node_id: str, ip: str, why: str, now: float | None = None) -> Event:
+    """The event of a node suspected: silent to the controller and to the witnesses it
+    asked; its slots move to other nodes, the node is kept (not fenced)."""
+    where = f"{ip} ({node_id[:12]})" if ip else node_id[:12]
+    return Event(
+        job="",
+        kind=SUSPECTED,
+        message=f"node {where} suspected: {why}",
+        at=time.time() if now is None else now,
+    )
+
+
+def back(node_id: str, ip: str, why: str, now: float | None = None) -> Event:
+    """The event of a suspected node answering again: kept, not lost."""
+    where = f"{ip} ({node_id[:12]})" if ip else node_id[:12]
+    return Event(
+        job="",
+        kind=BACK,
+        message=f"node {where} is back: {why}",
+        at=time.time() if now is None else now,
+    )
+
+
 def denied(key: str, why: str, now: float | None = None) -> Event:
     """The event of placectl's own calls refused by a node's raylet or by the GCS
     (``key``: a node id or ``gcs``): its fault detection is off there."""
@@ -263,6 +290,7 @@ __all__ = [
     "KINDS",
     "Cause",
     "Event",
+    "back",
     "cause_of",
     "cut_off",
     "denied",
@@ -270,4 +298,5 @@ __all__ = [
     "happened",
     "operator_set",
     "quota_set",
+    "suspected",
 ]

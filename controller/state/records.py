@@ -224,23 +224,28 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
         return self.state in (READY, DEGRADED)
 
 
-def with_dead_nodes(record: ReservationRecord, dead: set[str]) -> ReservationRecord:
-    """``record`` as it stands when the nodes ``dead`` are dead (as Ray reports them).
+def with_dead_nodes(
+    record: ReservationRecord, dead: set[str], suspected: set[str] = frozenset()
+) -> ReservationRecord:
+    """``record`` as it stands when the nodes ``dead`` are dead (as Ray reports them)
+    and the nodes ``suspected`` do not answer (their slots move).
 
     A settled reservation holding one of them is ``degraded``, whatever its stored state
     says: the controller may not have written it yet, and a reader must never take a
     bundle on a dead node for a good one. Otherwise ``record`` itself.
     """
     lost = [s for s in record.slots if s.node_id in dead]
-    if not lost or record.state != READY:
+    doubted = [s for s in record.slots if s.node_id in suspected and s.node_id not in dead]
+    if not (lost or doubted) or record.state != READY:
         return record
-    named = ", ".join(sorted({f"{s.node_ip} ({s.node_id[:12]})" for s in lost}))
-    return msgspec.structs.replace(
-        record,
-        state=DEGRADED,
-        reason=f"Ray reports node {named} dead; its slot is not replaced yet",
-        cause=NODE_LOST,
-    )
+    if lost:
+        named = ", ".join(sorted({f"{s.node_ip} ({s.node_id[:12]})" for s in lost}))
+        reason, cause = f"Ray reports node {named} dead; its slot is not replaced yet", NODE_LOST
+    else:
+        named = ", ".join(sorted({f"{s.node_ip} ({s.node_id[:12]})" for s in doubted}))
+        reason = f"node {named} does not answer (suspected); its slot is not moved yet"
+        cause = NODE_SUSPECTED
+    return msgspec.structs.replace(record, state=DEGRADED, reason=reason, cause=cause)
 
 
 class Cause(enum.StrEnum):
@@ -248,6 +253,7 @@ class Cause(enum.StrEnum):
     label carry the string), so a record read back compares equal to its cause."""
 
     NODE_LOST = "node-lost"  # the slot's node is dead (Ray's verdict, or placectl's fence)
+    NODE_SUSPECTED = "node-suspected"  # its node does not answer, witnesses agree; not dead
     GROUP_REMOVED = "group-removed"  # its placement group was removed behind placectl's back
     GROUP_UNPLACED = "group-unplaced"  # Ray reports its group neither CREATED nor REMOVED
     DRAIN = "drain"  # its node is being drained: moved make before break
@@ -262,7 +268,7 @@ class Cause(enum.StrEnum):
             return cls.OTHER
 
 
-NODE_LOST, GROUP_REMOVED, GROUP_UNPLACED, DRAIN, OTHER = Cause
+NODE_LOST, NODE_SUSPECTED, GROUP_REMOVED, GROUP_UNPLACED, DRAIN, OTHER = Cause
 CAUSES = tuple(Cause)
 
 OWN_NODE = "own node"  # the slot is made again where it was
@@ -280,6 +286,9 @@ class Response(msgspec.Struct, frozen=True):
 # anyway when its node no longer takes slots (it died or started draining meanwhile).
 RESPONSES: dict[Cause, Response] = {
     NODE_LOST: Response(SPARE, "its node is gone"),
+    # Acting on a suspicion must be undoable: the slot moves (the job goes on at once),
+    # the node is kept, and comes back as free capacity if it answers again.
+    NODE_SUSPECTED: Response(SPARE, "its node does not answer: the slot moves, the node stays"),
     GROUP_REMOVED: Response(OWN_NODE, "its node still holds the room the group had"),
     GROUP_UNPLACED: Response(OWN_NODE, "its node is alive; the group is made again there"),
     DRAIN: Response(SPARE, "its node is going: the slot moves before the deadline"),
@@ -371,6 +380,7 @@ __all__ = [
     "GROUP_REMOVED",
     "GROUP_UNPLACED",
     "NODE_LOST",
+    "NODE_SUSPECTED",
     "OTHER",
     "OWN_NODE",
     "RESPONSES",

@@ -27,8 +27,8 @@ Generated from `controller/runtime/core/settings.py` by `scripts/tools/settings_
 The controller reads each setting, when it starts, from its process's environment:
 `PLACECTL_` and the setting's name in capitals. Two ways to give them:
 
-- `placectl start --set fence_after=3 --set drain_grace=120` (or
-  `clients.connect(settings={"fence_after": "3"})`) passes them to a controller that call
+- `placectl start --set suspect_after=3 --set drain_grace=120` (or
+  `clients.connect(settings={"suspect_after": "3"})`) passes them to a controller that call
   starts; a controller already running keeps its own (`placectl stop`, then start again).
 - In the head node's environment (on KubeRay, the head container's `env`), so that a
   controller Ray restarts on a new head has them too.

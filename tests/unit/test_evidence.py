@@ -1,7 +1,8 @@
-"""The fencing rule on the fake cluster's network: a silence is fenced only on evidence
-that the node, not the controller, is gone (controller.runtime.core.evidence). The fake cuts
-nodes off both ways (``fake.cut``), the controller's own node included, and single paths
-(``fake.links_down``); Ray never gives up on a node here, so every fence is placectl's."""
+"""The evidence rule on the fake cluster's network: a silence makes a suspect only on
+evidence that the node, not the controller, is gone (controller.runtime.core.evidence),
+and a suspect is fenced only after its grace. The fake cuts nodes off both ways
+(``fake.cut``), the controller's own node included, and single paths
+(``fake.links_down``); Ray never gives up on a node here, so every verdict is placectl's."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from controller.runtime.core.settings import FAST
 from controller.runtime.edge.answers import CallDenied
 from tests.unit.fakes import cluster, controller, run, spec, stored, until
 
-# fence_after long against the sweeps (5 ms) but short for a test: a loop stalled for a
+# suspect_after long against the sweeps (5 ms) but short for a test: a loop stalled for a
 # moment on a loaded machine still sees dozens of sweeps within it.
-RULE = msgspec.structs.replace(FAST, fence_after=0.3)
+RULE = msgspec.structs.replace(FAST, suspect_after=0.3)
 
 
 async def _reserved(fake, settings=RULE, num_nodes=3):
@@ -39,7 +40,10 @@ def test_the_rule_counts_the_controller_itself_and_wants_a_strict_majority():
     assert not evidence.cut_off(reached=0, asked=0)  # nothing asked: nothing to judge
 
 
-def test_a_node_cut_off_while_the_head_is_fine_is_fenced_once_witnesses_agree():
+def test_a_node_cut_off_while_the_head_is_fine_is_suspected_once_witnesses_agree():
+    """Its slot moves to the spare at once; the node itself is kept (no fence) until its
+    grace is over, and only then fenced."""
+
     async def go():
         fake = cluster(gpu_nodes=3)
         ctl = await _reserved(fake)
@@ -48,14 +52,21 @@ def test_a_node_cut_off_while_the_head_is_fine_is_fenced_once_witnesses_agree():
         kept = list(fake.kept_witnesses)  # standing before anything goes silent
         assert fake.own_node() not in kept
         fake.cut.add(lost)
+        cut_at = asyncio.get_running_loop().time()
         record = await until(
             lambda: (r := stored(fake, "j")).epoch == 2 and r.state == "ready" and r
         )
         assert lost not in {s.node_id for s in record.slots}
-        assert "cannot reach it either" in fake.fenced[lost]
+        assert fake.fenced == {} and fake.nodes_by_id[lost].info.alive  # kept
+        said = [e.message for e in fake.metrics.events if e.kind == "suspected"]
+        assert len(said) == 1 and "cannot reach it either" in said[0]
         witnesses = set(fake.witnessed)
         assert witnesses and lost not in witnesses and witnesses <= set(kept)
-        assert (await ctl.health())["cut_off"] is None
+        health = await ctl.health()
+        assert health["cut_off"] is None and health["doubts"][lost]["phase"] == "moved"
+        await until(lambda: lost in fake.fenced, timeout=2 * RULE.fence_grace)
+        assert asyncio.get_running_loop().time() - cut_at >= RULE.fence_grace
+        assert "grace" in fake.fenced[lost]
         await ctl.stop()
 
     run(go())
@@ -68,7 +79,7 @@ def test_the_head_cut_off_fences_nothing_and_says_so():
         nodes = {s.node_id for s in stored(fake, "j").slots}
         fake.cut.add(fake.own_node())  # every raylet falls silent at once
         await until(lambda: "cut_off" in _kinds(fake))
-        await asyncio.sleep(4 * RULE.fence_after)  # silent far past fence_after
+        await asyncio.sleep(4 * RULE.suspect_after)  # silent far past suspect_after
         assert fake.fenced == {} and fake.calls["fence"] == 0
         health = await ctl.health()
         assert health["cut_off"]["reached"] == 0 and health["cut_off"]["asked"] == 3
@@ -93,7 +104,7 @@ def test_two_of_three_nodes_cut_off_is_a_minority_and_left_to_ray():
         slots = [s.node_id for s in stored(fake, "j").slots]
         fake.cut.update(slots)  # the head reaches only the spare: 2 of 4 with itself
         await until(lambda: "cut_off" in _kinds(fake))
-        await asyncio.sleep(4 * RULE.fence_after)
+        await asyncio.sleep(4 * RULE.suspect_after)
         assert fake.fenced == {}
         fake.kill_node(slots[0])  # Ray's own health checks give up: repaired then
         await until(lambda: stored(fake, "j").epoch == 2)
@@ -109,7 +120,7 @@ def test_a_node_silent_to_the_controller_alone_is_not_fenced():
         node = stored(fake, "j").slots[0].node_id
         fake.links_down.add(frozenset((fake.own_node(), node)))  # one path, not the node
         await until(lambda: fake.calls["witness"] >= 2)
-        await asyncio.sleep(4 * RULE.fence_after)
+        await asyncio.sleep(4 * RULE.suspect_after)
         assert fake.fenced == {}
         assert stored(fake, "j").epoch == 1
         await ctl.stop()
@@ -129,7 +140,7 @@ def test_with_no_witness_replying_nothing_is_fenced():
 
         fake.witness_answers = mute
         await until(lambda: "withheld" in fake.metrics.fences)
-        await asyncio.sleep(2 * RULE.fence_after)  # dozens of sweeps
+        await asyncio.sleep(2 * RULE.suspect_after)  # dozens of sweeps
         assert fake.fenced == {}
         assert fake.metrics.fences.count("withheld") == 1  # told once, not every sweep
         await ctl.stop()
@@ -142,7 +153,7 @@ def test_a_lossy_path_that_answers_now_and_then_is_never_fenced():
         fake = cluster(gpu_nodes=3)
         ctl = await _reserved(fake)
         node = stored(fake, "j").slots[1].node_id
-        for _ in range(10):  # silent 60% of the time, each silence a third of fence_after
+        for _ in range(10):  # silent 60% of the time, each silence a third of suspect_after
             fake.cut.add(node)
             await asyncio.sleep(0.1)
             fake.cut.discard(node)

@@ -29,7 +29,7 @@ def test_a_raylet_that_refuses_placectl_is_never_taken_for_dead():
         ctl = await _reserved(fake)
         node = stored(fake, "j").slots[0].node_id
         fake.crash_node(node, "denied")  # it answers, but not to placectl's credentials
-        await asyncio.sleep(0.3)  # many sweeps, each past fence_after for a silent node
+        await asyncio.sleep(0.3)  # many sweeps, each past suspect_after for a silent node
         assert await ctl.suspects("j") == []
         assert fake.fenced == {} and fake.calls["fence"] == 0
         record = stored(fake, "j")
@@ -62,7 +62,7 @@ def test_a_gcs_that_refuses_the_fence_leaves_the_verdict_to_ray():
         await ctl.stop()
 
     def fake_health(ctl):
-        return ctl.ops.liveness.denied
+        return ctl.ops.fencer.denied
 
     run(go())
 

@@ -36,20 +36,22 @@ def test_a_crashed_node_is_fenced_and_its_slot_replaced_while_ray_calls_it_alive
     run(go())
 
 
-def test_a_hung_node_is_fenced_only_after_it_stays_silent():
+def test_a_hung_node_moves_after_it_stays_silent_and_is_fenced_after_its_grace():
     async def go():
         fake = cluster(gpu_nodes=3)
-        # fence_after is ten times the wait below: a loaded machine that stalls the loop
-        # for a second still sees the node silent for less than fence_after.
-        settings = msgspec.structs.replace(FAST, fence_after=2.0)
+        # suspect_after is ten times the wait below: a loaded machine that stalls the loop
+        # for a second still sees the node silent for less than suspect_after.
+        settings = msgspec.structs.replace(FAST, suspect_after=2.0, fence_grace=20.0)
         ctl = await _reserved(fake, settings)
         hung = stored(fake, "j").slots[1].node_id
         fake.crash_node(hung, "silent")
-        await asyncio.sleep(0.2)  # silent for less than fence_after: still its slot
+        await asyncio.sleep(0.2)  # silent for less than suspect_after: still its slot
         assert hung not in fake.fenced and stored(fake, "j").epoch == 1
         assert await ctl.suspects("j") == [hung]
         await until(lambda: stored(fake, "j").epoch == 2, timeout=15)
-        assert "has not answered" in fake.fenced[hung]
+        assert fake.fenced == {}  # suspected: its slot moved, the node is kept
+        await until(lambda: hung in fake.fenced, timeout=30)  # its grace is over
+        assert "has not answered" in fake.fenced[hung] and "grace" in fake.fenced[hung]
         fake.crash_node(hung, "ok")  # back from the dead: it stays fenced, gets nothing
         await asyncio.sleep(0.1)
         assert hung not in {s.node_id for s in stored(fake, "j").slots}
@@ -61,9 +63,9 @@ def test_a_hung_node_is_fenced_only_after_it_stays_silent():
 def test_a_node_that_answers_again_before_the_verdict_keeps_its_slot():
     async def go():
         fake = cluster(gpu_nodes=3)
-        # Each silence is a tenth of fence_after: a loop stalled for a second on a loaded
+        # Each silence is a tenth of suspect_after: a loop stalled for a second on a loaded
         # machine does not turn one into a verdict.
-        settings = msgspec.structs.replace(FAST, fence_after=1.5)
+        settings = msgspec.structs.replace(FAST, suspect_after=1.5)
         ctl = await _reserved(fake, settings)
         slow = stored(fake, "j").slots[0].node_id
         for _ in range(5):  # silent for 0.15 s at a time, answering in between
@@ -159,9 +161,9 @@ def test_callers_who_suspect_a_node_at_once_fence_it_once():
 def test_an_old_doubt_about_a_released_node_does_not_fence_it_later():
     async def go():
         fake = cluster(gpu_nodes=2)
-        # fence_after well above the short silences below, which a loaded machine may
+        # suspect_after well above the short silences below, which a loaded machine may
         # stretch by a second; the wait after the release is longer than it.
-        settings = msgspec.structs.replace(FAST, fence_after=1.5)
+        settings = msgspec.structs.replace(FAST, suspect_after=1.5)
         ctl = await _reserved(fake, settings)
         node = stored(fake, "j").slots[0].node_id
         fake.crash_node(node, "silent")  # a doubt, not yet a verdict
@@ -190,7 +192,7 @@ def test_a_refusal_an_earlier_sweep_saw_waits_only_for_what_is_left_of_its_confi
         fake = cluster(gpu_nodes=3)
         confirm = 1.0  # long, so that the wait is seen on the virtual clock
         settings = msgspec.structs.replace(
-            FAST, liveness_period=0.25, refused_confirm=confirm, fence_after=10.0
+            FAST, liveness_period=0.25, refused_confirm=confirm, suspect_after=10.0
         )
         ctl = await _reserved(fake, settings)
         lost = stored(fake, "j").slots[0].node_id

@@ -20,18 +20,20 @@ def test_every_setting_has_its_variable_and_takes_it():
         got = getattr(from_environ({variable(field.name): raw}), field.name)
         assert got == (True if isinstance(default, bool) else type(default)(raw)), field.name
     assert from_environ({}) == Settings()
-    assert variable("fence_after") == "PLACECTL_FENCE_AFTER"
+    assert variable("suspect_after") == "PLACECTL_SUSPECT_AFTER"
 
 
 @pytest.mark.parametrize(
     ("env", "message"),
     [
         (
-            {"PLACECTL_FENCE_AFTER": "soon"},
-            "PLACECTL_FENCE_AFTER='soon': expected a number of seconds > 0; default 2",
+            {"PLACECTL_SUSPECT_AFTER": "soon"},
+            "PLACECTL_SUSPECT_AFTER='soon': expected a number of seconds > 0; default 2",
         ),
-        ({"PLACECTL_FENCE_AFTER": "0"}, "expected a number of seconds > 0"),
-        ({"PLACECTL_FENCE_AFTER": "inf"}, "expected a number of seconds > 0"),
+        ({"PLACECTL_SUSPECT_AFTER": "0"}, "expected a number of seconds > 0"),
+        ({"PLACECTL_SUSPECT_AFTER": "inf"}, "expected a number of seconds > 0"),
+        ({"PLACECTL_FENCE_GRACE": "-1"}, "expected a number of seconds >= 0; default 0"),
+        ({"PLACECTL_FENCE_AFTER": "3"}, "PLACECTL_FENCE_AFTER is no longer read: it is now "),
         ({"PLACECTL_EVENTS_KEPT": "0"}, "PLACECTL_EVENTS_KEPT='0': expected a whole number >= 1"),
         ({"PLACECTL_EVENTS_KEPT": "2.5"}, "expected a whole number >= 1; default 1000"),
         ({"PLACECTL_REFUSED_CONFIRM": "-1"}, "expected a number of seconds >= 0"),
@@ -46,18 +48,21 @@ def test_bad_values_name_the_variable_what_it_takes_and_the_default(env, message
 def test_zero_is_taken_where_zero_means_none():
     assert from_environ({"PLACECTL_WARM_BUDGET": "0"}).warm_budget == 0
     assert from_environ({"PLACECTL_REFUSED_CONFIRM": "0"}).refused_confirm == 0.0
+    assert from_environ({"PLACECTL_FENCE_GRACE": "0"}).fence_grace == 0.0  # Ray's own
 
 
 def test_set_by_name_checks_names_and_values_before_anything_starts():
-    assert by_name({"fence_after": "3"}) == {"PLACECTL_FENCE_AFTER": "3"}
-    with pytest.raises(SettingsError, match="unknown setting 'fence_aftr'; the settings are: "):
-        by_name({"fence_aftr": "3"})
+    assert by_name({"suspect_after": "3"}) == {"PLACECTL_SUSPECT_AFTER": "3"}
+    with pytest.raises(SettingsError, match="unknown setting 'suspect_aftr'; the settings are: "):
+        by_name({"suspect_aftr": "3"})
+    with pytest.raises(SettingsError, match="setting 'fence_after' was renamed: it is now sus"):
+        by_name({"fence_after": "3"})
     with pytest.raises(SettingsError, match="PLACECTL_DRAIN_GRACE='-5'"):
         by_name({"drain_grace": "-5"})
 
 
 def test_a_controller_takes_its_settings_from_its_environment(monkeypatch):
-    monkeypatch.setenv("PLACECTL_FENCE_AFTER", "3.5")
+    monkeypatch.setenv("PLACECTL_SUSPECT_AFTER", "3.5")
     monkeypatch.setenv("PLACECTL_EVENTS_KEPT", "50")
 
     async def go():
@@ -68,5 +73,5 @@ def test_a_controller_takes_its_settings_from_its_environment(monkeypatch):
             await ctl.stop()
 
     settings = run(go())
-    assert (settings.fence_after, settings.events_kept) == (3.5, 50)
+    assert (settings.suspect_after, settings.events_kept) == (3.5, 50)
     assert settings.drain_grace == Settings().drain_grace

@@ -13,11 +13,12 @@ import msgspec
 import pytest
 
 from clients.verdict import final, settle
+from controller.errors import UndecidedNodes
 from controller.runtime.core.settings import FAST
 from controller.runtime.edge.answers import DENIED, OK, REFUSED, SILENT
 from tests.unit.fakes import cluster, controller, spec, stored
 
-SETTINGS = msgspec.structs.replace(FAST, fence_after=0.3, liveness_period=0.02)
+SETTINGS = msgspec.structs.replace(FAST, suspect_after=0.3, liveness_period=0.02)
 
 
 class Cluster:
@@ -124,12 +125,48 @@ def test_a_silent_rank_on_a_live_node_is_hung(world):
     assert any("have no verdict yet" in m for m in said)
 
 
-def test_silent_ranks_while_the_controller_is_cut_off_are_never_called_hung(world):
+def test_silent_ranks_while_the_controller_is_cut_off_are_never_called_hung_nor_kept(world):
+    """Nothing is known of them: none is killed as hung, and none is reported kept
+    either; after the wait, the nodes without a verdict are named."""
     world.in_loop(lambda: world.fake.cut.add(world.fake.own_node()))
-    hung = _settle(world, lambda r: SILENT, lambda: set(), within=1.5)
-    assert hung == []  # nothing known: nothing killed, Ray decides
+    started = time.monotonic()
+    with pytest.raises(UndecidedNodes) as raised:
+        settle(
+            list(range(8)),
+            world.nodes,
+            ask_nodes=world.verdicts,
+            ask_ranks=lambda ranks: dict.fromkeys(ranks, SILENT),
+            dead=lambda: set(),
+            within=0.5,
+            say=lambda m: None,
+            lost_within=1.5,
+        )
+    assert time.monotonic() - started >= 1.5  # the whole wait, not `within`
+    assert sorted(raised.value.nodes) == sorted(set(world.slots[:2]))
+    assert "(unknown)" in str(raised.value) and "nothing was relaunched" in str(raised.value)
     assert world.fake.fenced == {}
     assert set(world.verdicts().values()) == {"unknown"}
+
+
+def test_silent_ranks_on_a_cut_off_node_wait_for_its_verdict_then_are_lost(world):
+    """A node cut off while the controller is fine: its ranks are silent, and the node
+    has no verdict at first; once witnesses agree it is suspected, the job's slot moves
+    off it, and its ranks are lost (``moved``), the node kept (not fenced)."""
+    cut = world.slots[0]
+    world.in_loop(lambda: world.fake.cut.add(cut))
+    hung = settle(
+        list(range(8)),
+        world.nodes,
+        ask_nodes=world.verdicts,
+        ask_ranks=lambda ranks: {r: SILENT if world.nodes[r] == cut else OK for r in ranks},
+        dead=lambda: set(),
+        within=0.2,
+        say=lambda m: None,
+        lost_within=10.0,
+    )
+    assert hung == []  # never taken for hung: their node had no verdict yet
+    assert world.verdicts()[cut] == "moved"
+    assert world.fake.fenced == {}
 
 
 def test_a_rank_that_still_answers_on_a_fenced_node_is_lost(world):

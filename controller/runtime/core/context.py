@@ -16,7 +16,9 @@ import secrets
 
 from controller.errors import ReservationError
 from controller.runtime.core import Tasks
-from controller.runtime.core.nodes import ClusterNodes, Demand
+from controller.runtime.core.claims import Claims
+from controller.runtime.core.demand import Demand
+from controller.runtime.core.nodes import ClusterNodes
 from controller.runtime.core.settings import Settings
 from controller.runtime.core.state import ReservationState
 from controller.runtime.core.stewards import Stewards, Transitions
@@ -110,6 +112,7 @@ class Context:
         tasks: every task the controller runs beside its calls; ``stop()`` ends them.
         progress: what each job waits for, as its callers are told.
         demand: what the controller asks the cluster's autoscaler for, by owner.
+        claims: the room on nodes that steps chose for groups they are making.
         incarnation: this run of the controller (tests' crash points).
         settings: timing and pacing.
         prefix: the name prefix of this controller's placement groups.
@@ -134,5 +137,6 @@ class Context:
         self.tasks = tasks or Tasks()
         self.stewards = Stewards(self.tasks)
         self.progress = Progress()
+        self.claims = Claims()
         name = prefix.removeprefix("placectl:").rstrip(":")
         self.demand = Demand(io, self.nodes, name, settings.demand_grace, settings.demand_free_wait)

@@ -14,13 +14,15 @@ from controller.errors import ReservationError, ReservationInfeasible, Reservati
 from controller.planning.cluster import ClusterView
 from controller.planning.node_groups import ACCELERATOR
 from controller.runtime import core
-from controller.runtime.core.nodes import ClusterNodes, Demand
+from controller.runtime.core.demand import Demand
+from controller.runtime.core.nodes import ClusterNodes
 from controller.runtime.edge import CREATED, REMOVED, ClusterIO, GroupInfo
 from controller.state import plan
 from controller.state.records import (
     GROUP_REMOVED,
     GROUP_UNPLACED,
     NODE_LOST,
+    NODE_SUSPECTED,
     Broken,
     ReservationRecord,
     SlotRecord,
@@ -268,18 +270,26 @@ async def probe(
 
 
 def broken_slots(
-    res: ReservationRecord, groups: dict[str, GroupInfo], alive: Container[str]
+    res: ReservationRecord,
+    groups: dict[str, GroupInfo],
+    alive: Container[str],
+    suspected: Container[str] = frozenset(),
 ) -> dict[int, Broken]:
     """The one rule for which slots of a settled reservation are broken, each with its
     cause and why (empty when all is well): its node is not in ``alive`` (the alive node
-    ids), or Ray does not report its group ``CREATED`` (``groups``: Ray's entries of its
-    groups). A check records the causes; a repair replaces exactly these slots."""
+    ids), or is ``suspected`` (silent to the controller and its witnesses: the slot moves,
+    the node is kept), or Ray does not report its group ``CREATED`` (``groups``: Ray's
+    entries of its groups). A check records the causes; a repair replaces exactly these
+    slots."""
     found = {}
     for i, slot in enumerate(res.slots):
         where = f"slot {i} (node rank {slot.node_rank}, {slot.node_ip})"
         info = groups.get(slot.group_id)
         if slot.node_id not in alive:
             found[i] = Broken(NODE_LOST, f"{where}: node {slot.node_id[:12]} is dead")
+        elif slot.node_id in suspected:
+            why = f"{where}: node {slot.node_id[:12]} does not answer (suspected)"
+            found[i] = Broken(NODE_SUSPECTED, why)
         elif info is None or info.state == REMOVED:
             why = f"{where}: placement group {slot.group_id} was removed"
             found[i] = Broken(GROUP_REMOVED, why)

@@ -1,42 +1,27 @@
-"""The nodes: the cluster's nodes as Ray last reported them, the planner's view of them,
-and the nodes placectl asks the autoscaler for.
+"""The node view: the cluster's nodes as the controller knows them, and the one inbox
+through which everything it learns of them arrives (:mod:`controller.runtime.core.inbox`).
 
 Kept from what the loop follows (Ray's node events, full reads at joins and full checks,
-direct questions about a reservation's nodes), so that a reserve costs what its job
-costs, not a read and a sort of the whole cluster.
-
-**Demand**: what placectl shows the cluster's autoscaler, held as placement groups.
-
-Each owner (a reserve waiting for nodes, a reservation whose lost or draining slot has no
-spare) states what it wants as a :class:`~controller.state.wants.Want`; this module
-holds it as placement groups Ray reports as pending demand, which an autoscaler (Ray's,
-KubeRay's) reads to add nodes. Their selectors keep them off every live node that could
-hold them, so one is placed only on a node that joined for it. Then it has done its
-work: :meth:`Demand.settle` removes it, waits until Ray reports its resources free, and
-the owner uses the node as any other. Nothing placectl holds keeps a node once the
-reservation that wanted it is placed, released or cancelled.
-
-The groups are not detached: a controller that dies takes them with it, and the one
-that comes back states its demand again from what it finds. Their names start with
-``placectl-demand:``, outside every controller's prefix, so no orphan sweep sees them.
+direct questions about a reservation's nodes, the raylet watch), so that a reserve costs
+what its job costs, not a read and a sort of the whole cluster.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import secrets
 from collections.abc import Mapping
 
 import msgspec
 
 from controller.planning.cluster import ClusterView, NodeView, order_nodes
 from controller.runtime import core
-from controller.runtime.edge import CREATED, ClusterIO, NodeInfo
+from controller.runtime.core import doubts
+from controller.runtime.core.doubts import FINAL, NodeRecord
+from controller.runtime.core.inbox import Fact, Inbox, Kind, Source
+from controller.runtime.edge import ClusterIO, NodeInfo
 from controller.state.records import Cordon
-from controller.state.wants import Want
 
+log = logging.getLogger("placectl.controller")
 _BOOKKEEPING = ("CPU", "memory", "object_store_memory")
 
 
@@ -81,53 +66,40 @@ def live_view(
 
 class ClusterNodes:
     """Which nodes are alive, what Ray says of each, which Ray is draining, which an
-    operator cordoned, and the live view per accelerator: the nodes a plan or a spare
-    may use (alive, not draining, not cordoned). A node an operator drained counts as
-    draining, without a deadline, so its slots move as for Ray's drain.
+    operator cordoned, what placectl believes of each (:class:`NodeRecord`: healthy,
+    silent, suspected, moved, back, fenced, dead), and the live view per accelerator:
+    the nodes a plan or a spare may use (alive, not draining, not cordoned, not in
+    doubt). A node an operator drained counts as draining, without a deadline, so its
+    slots move as for Ray's drain.
 
-    The one writer of the node view: Ray's lists come in through :meth:`refresh` and
-    :meth:`refresh_draining` (read through ``io``, the cluster seam), node events and
-    the fence's verdicts through :meth:`joined` and :meth:`died`, the operator's cordons
-    through :meth:`set_cordoned`. Whoever needs a fresh view asks for one; nobody hands
-    it a list."""
+    The one writer of all of it. Every change arrives as a fact in :attr:`inbox` and is
+    applied by :meth:`settle`, in the order posted; the reads of Ray's tables
+    (:meth:`refresh`, :meth:`refresh_draining`) post what they found and settle. Whoever
+    needs a current view settles first; the loop takes every applied fact once
+    (:meth:`take_applied`) and checks the jobs on those nodes.
+    """
 
     def __init__(self, io: ClusterIO) -> None:
         self._io = io
+        self.inbox = Inbox()
         self._alive: set[str] = set()
         self._draining: dict[str, float] = {}  # node -> deadline (0: none)
         self._cordoned: dict[str, bool] = {}  # node -> drained too (controller.state.records)
         self._info: dict[str, NodeInfo] = {}
-        self._version = 0  # grows whenever _info changes
+        self._records: dict[str, NodeRecord] = {}
+        self._applied: list[Fact] = []  # applied, not yet taken by the loop
+        self.dropped = 0  # facts dropped as stale or final (health, tests)
+        self._version = 0  # grows whenever what the view is made of changes
         self._node_views: dict[str, dict[str, tuple[NodeInfo, NodeView]]] = {}
         self._views: dict[str, tuple[int, ClusterView]] = {}
 
+    # ------------------------------------------------------------ reads
     def alive(self, node_id: str) -> bool:
         return node_id in self._alive
 
     def __contains__(self, node_id: object) -> bool:
         """``node_id in nodes``: the node is alive."""
         return node_id in self._alive
-
-    @property
-    def draining(self) -> dict[str, float]:
-        """The nodes Ray is draining, as last read, and those an operator drained: node
-        id -> deadline (0: none)."""
-        drained = {n: 0.0 for n, drain in self._cordoned.items() if drain}
-        return {**drained, **self._draining}
-
-    def set_cordoned(self, cordons: Mapping[str, Cordon]) -> None:
-        """Take the operator's cordons (node -> its cordon); the view leaves them out."""
-        cordoned = {n: c.drain for n, c in cordons.items()}
-        if cordoned != self._cordoned:
-            self._cordoned = dict(cordoned)
-            self._version += 1
-
-    async def refresh_draining(self) -> None:
-        """Read Ray's draining nodes; the view leaves them out from now on."""
-        draining = await self._io.draining_nodes()
-        if draining != self._draining:
-            self._draining = dict(draining)
-            self._version += 1
 
     def alive_ids(self) -> set[str]:
         """A copy of the alive set."""
@@ -136,186 +108,188 @@ class ClusterNodes:
     def info(self, node_id: str) -> NodeInfo | None:
         return self._info.get(node_id)
 
-    async def refresh(self) -> bool:
-        """Read Ray's full node list; True if a node joined since the last one."""
-        infos = await self._io.nodes()
-        alive = {n.node_id for n in infos if n.alive}
-        joined = bool(alive - self._alive) and bool(self._info)
-        self._alive = alive
-        info = {n.node_id: n for n in infos}
-        if info != self._info:  # unchanged nodes keep their views (and plans made on them)
-            self._info = info
-            self._version += 1
-        return joined
+    @property
+    def draining(self) -> dict[str, float]:
+        """The nodes Ray is draining, as last read, and those an operator drained: node
+        id -> deadline (0: none)."""
+        drained = {n: 0.0 for n, drain in self._cordoned.items() if drain}
+        return {**drained, **self._draining}
 
-    def joined(self, node_id: str) -> None:
-        """A node joined (its full entry comes with the next full list)."""
-        self._alive.add(node_id)
+    def record(self, node_id: str) -> NodeRecord:
+        """What placectl believes of the node (healthy when nothing was said of it)."""
+        return self._records.get(node_id) or NodeRecord(node=node_id)
 
-    def died(self, node_id: str) -> None:
-        self._alive.discard(node_id)
-        info = self._info.get(node_id)
-        if info is not None and info.alive:
-            self._info[node_id] = msgspec.structs.replace(info, alive=False)
-            self._version += 1
+    def phase(self, node_id: str) -> doubts.Phase:
+        got = self._records.get(node_id)
+        return got.phase if got is not None else doubts.HEALTHY
+
+    def records(self) -> dict[str, NodeRecord]:
+        """Every node placectl said something of, and what it believes of it."""
+        return dict(self._records)
+
+    def in_doubt(self) -> dict[str, NodeRecord]:
+        """The nodes neither healthy nor gone: silent, suspected, moved, back."""
+        return {n: r for n, r in self._records.items() if r.phase in doubts.OPEN}
+
+    def suspected(self) -> set[str]:
+        """The nodes whose slots are broken though Ray calls them alive: suspected or
+        moved (``back`` ones answer again: their kept slots are theirs)."""
+        return {
+            n
+            for n, r in self._records.items()
+            if r.phase in (doubts.SUSPECTED, doubts.MOVED) and n in self._alive
+        }
 
     def view(self, accelerator: str) -> ClusterView:
-        """The alive nodes in node-rank order, built again only when they changed."""
+        """The nodes a plan may use, in node-rank order, built again only when they
+        changed: alive, not draining, not cordoned, not in doubt."""
         cached = self._views.get(accelerator)
         if cached is not None and cached[0] == self._version:
             return cached[1]
         cache = self._node_views.setdefault(accelerator, {})
         out = self._draining.keys() | self._cordoned.keys()
-        usable = [n for n in self._info.values() if n.node_id not in out]
+        out |= {n for n, r in self._records.items() if r.phase in doubts.OUT}
+        usable = [
+            n for n in self._info.values() if n.node_id in self._alive and n.node_id not in out
+        ]
         view = live_view(usable, accelerator, cache)
         self._views[accelerator] = (self._version, view)
         return view
 
+    # ------------------------------------------------------------ facts
+    def post(self, fact: Fact) -> None:
+        """Post ``fact`` to the inbox; it is applied at the next :meth:`settle`."""
+        self.inbox.post(fact)
 
-log = logging.getLogger("placectl.controller")
-DEMAND_PREFIX = "placectl-demand:"
+    def say(self, node: str, kind: Kind, source: Source, **fields) -> None:
+        """Post a fact of ``kind`` about ``node`` taken now."""
+        self.post(Fact(node=node, kind=kind, source=source, when=core.now(), **fields))
 
+    def settle(self) -> list[Fact]:
+        """Apply every fact waiting, in order; the ones that changed something."""
+        applied = [f for f in self.inbox.take() if self._apply(f)]
+        self._applied.extend(applied)
+        return applied
 
-class Demand:
-    """What each owner asks the autoscaler for, by key (``nodes/JOB``, ``spare/JOB``).
+    def take_applied(self) -> list[Fact]:
+        """Every fact applied since the last call (by whoever settled): the loop checks
+        the jobs on their nodes."""
+        applied, self._applied = self._applied, []
+        return applied
 
-    Args:
-        io: the cluster.
-        nodes: the nodes as Ray last reported them, refreshed when a demand is placed.
-        name: the controller's name, in the groups' names.
-        grace: after a demand was placed, its owner gets this long to use the node
-            before the same key asks again (else a node Ray reports free a moment late
-            would be asked for twice).
-        free_wait: how long :meth:`settle` waits for Ray to report a placed demand's
-            resources free again once it is removed.
-    """
-
-    def __init__(
-        self,
-        io: ClusterIO,
-        nodes: ClusterNodes,
-        name: str,
-        grace: float = 10.0,
-        free_wait: float = 5.0,
-    ) -> None:
-        self._io = io
-        self._nodes = nodes
-        self._name = name
-        self._grace = grace
-        self._free_wait = free_wait
-        self._wants: dict[str, Want] = {}
-        self._held: dict[str, list[str]] = {}  # key -> group ids stating its want
-        self._placed_at: dict[str, float] = {}  # key -> when a demand of it was placed
-        self.asked = 0  # groups created, ever (metrics, tests)
-        self.met = 0  # groups placed on a node that joined for them
-
-    def wants(self) -> dict[str, Want]:
-        """Every want held now, by key."""
-        return {k: w for k, w in self._wants.items() if self._held.get(k)}
-
-    def held(self, key: str) -> Want | None:
-        """The want ``key`` holds as groups now, if any."""
-        return self._wants.get(key) if self._held.get(key) else None
-
-    async def want(self, key: str, want: Want | None) -> None:
-        """Hold ``want`` for ``key`` (None withdraws it). The same want again changes
-        nothing; another replaces the groups."""
-        if want is None or not want.groups:
-            await self.withdraw(key)
-            return
-        held = self._wants.get(key)
-        if held is not None and self._held.get(key) and _same_but_avoid(held, want):
-            return  # only nodes that joined since differ: the groups asked stand (one of
-            # those may be the node they asked for, its resources not reported yet)
-        if core.now() - self._placed_at.get(key, float("-inf")) < self._grace:
-            return  # a node joined for this key a moment ago: its owner uses it first
-        await self.withdraw(key)
-        ids: list[str] = []
-        self._wants[key], self._held[key] = want, ids
-        tag = secrets.token_hex(3)
-        for i, group in enumerate(want.groups):
-            ids.append(
-                await self._io.create_demand(f"{DEMAND_PREFIX}{self._name}:{key}:{tag}:{i}", group)
-            )
-        self.asked += len(ids)
-        log.info("asking the autoscaler for %s (%s): %s", key, want.why, want.describe())
-
-    async def settle(self, key: str) -> bool:
-        """If a group of ``key`` was placed (a node joined for it), remove every group
-        of ``key``, wait until Ray reports the node alive and the group's resources free
-        there, and return True: the owner finds the node as any other and asks again
-        for what is still missing."""
-        ids = self._held.get(key)
-        if not ids:
+    def _apply(self, fact: Fact) -> bool:
+        node, kind = fact.node, fact.kind
+        record = self.record(node)
+        if kind == Kind.JOINED:
+            if record.phase in doubts.FINAL or node in self._alive:
+                self.dropped += record.phase in doubts.FINAL
+                return False
+            self._alive.add(node)
+            self._version += 1
+            return True
+        if kind in (Kind.DRAINING, Kind.UNDRAINED):
+            return self._drain(node, fact.deadline if kind == Kind.DRAINING else None)
+        if kind in (Kind.CORDONED, Kind.UNCORDONED):
+            return self._cordon(node, fact.drain if kind == Kind.CORDONED else None)
+        new = doubts.step(record, fact)
+        if new is None:
+            self.dropped += 1
             return False
-        table = await self._io.groups(ids)
-        want = self._wants[key]
-        freed: dict[str, dict[str, float]] = {}  # node -> what the placed groups held
-        for gid, group in zip(ids, want.groups, strict=True):
-            info = table.get(gid)
-            if info is None or info.state != CREATED:
-                continue
-            for node, bundle in zip(info.nodes, group.bundles, strict=True):
-                held = freed.setdefault(node, {})
-                for k, v in bundle.items():
-                    held[k] = held.get(k, 0.0) + v
-        if not freed:
-            return False
-        self._placed_at[key] = core.now()
-        self.met += 1
-        await self.withdraw(key)
-        await self._nodes.refresh()
-        await self._wait_free(freed)
-        log.info("demand %s was met on node(s) %s", key, ", ".join(n[:12] for n in sorted(freed)))
+        self._records[node] = new  # a healthy one is kept too: its as_of drops older answers
+        if new.phase in doubts.FINAL:
+            self._gone(node)
+        if (record.phase in doubts.OUT) != (new.phase in doubts.OUT):
+            self._version += 1
+        if new.phase != record.phase:
+            log.info("node %s: %s -> %s (%s)", node[:12], record.phase, new.phase, fact.source)
         return True
 
-    async def _wait_free(self, freed: dict[str, dict[str, float]]) -> None:
-        """Until Ray reports each node's ``freed`` resources available (it does so a
-        moment after a removal), at most ``free_wait``."""
-        deadline = core.now() + self._free_wait
-        while core.now() < deadline:
-            free = await self._io.free_resources()
-            if all(
-                free.get(node, {}).get(k, 0.0) + 1e-9 >= v
-                for node, held in freed.items()
-                for k, v in held.items()
-            ):
-                return
-            await asyncio.sleep(0.1)
+    def _gone(self, node: str) -> None:
+        self._alive.discard(node)
+        info = self._info.get(node)
+        if info is not None and info.alive:
+            self._info[node] = msgspec.structs.replace(info, alive=False)
+        self._version += 1
 
-    async def placed(self) -> list[str]:
-        """The keys with a group placed now (a node joined for them): their owners can
-        act at once instead of at their next retry. One read of the held groups."""
-        ids = {gid: key for key, held in self._held.items() for gid in held}
-        if not ids:
-            return []
-        table = await self._io.groups(sorted(ids))
-        return sorted({ids[g] for g, info in table.items() if info.state == CREATED})
+    def _drain(self, node: str, deadline: float | None) -> bool:
+        if self._draining.get(node) == deadline or (
+            deadline is None and node not in self._draining
+        ):
+            return False
+        if deadline is None:
+            del self._draining[node]
+        else:
+            self._draining[node] = deadline
+        self._version += 1
+        return True
 
-    async def withdraw(self, key: str) -> None:
-        """Remove ``key``'s groups; it asks for nothing any more."""
-        ids = self._held.pop(key, [])
-        self._wants.pop(key, None)
-        for gid in ids:
-            with contextlib.suppress(Exception):  # gone with the controller's last run
-                await self._io.remove_group(gid)
+    def _cordon(self, node: str, drain: bool | None) -> bool:
+        if self._cordoned.get(node) == drain or (drain is None and node not in self._cordoned):
+            return False
+        if drain is None:
+            del self._cordoned[node]
+        else:
+            self._cordoned[node] = drain
+        self._version += 1
+        return True
 
-    async def withdraw_job(self, job: str) -> None:
-        """Withdraw every want of ``job``."""
-        for key in [k for k in self._wants if k.split("/", 1)[-1] == job]:
-            await self.withdraw(key)
+    # ------------------------------------------------------------ Ray's tables, read
+    async def refresh(self) -> bool:
+        """Read Ray's full node list and post what it says of each node (alive or dead,
+        taken when the read was sent); settle. True if a node joined since the last one."""
+        known = bool(self._info)
+        infos = await self._io.nodes()
+        listed = {n.node_id for n in infos}
+        for n in infos:
+            if n.alive != (n.node_id in self._alive):
+                self.say(n.node_id, Kind.JOINED if n.alive else Kind.DIED, Source.RAY_READ)
+        for node in self._alive - listed:  # Ray no longer lists it: gone
+            self.say(node, Kind.DIED, Source.RAY_READ)
+        joined = any(f.kind == Kind.JOINED for f in self.settle())
+        # What Ray said of each node, but alive as the view holds it (a node fenced while
+        # the read was under way is dead, whatever the read says).
+        info = {
+            n.node_id: n
+            if n.alive == (n.node_id in self._alive)
+            else msgspec.structs.replace(n, alive=n.node_id in self._alive)
+            for n in infos
+        }
+        if info != self._info:  # unchanged nodes keep their views (and plans made on them)
+            self._info = info
+            self._version += 1
+        forgotten = [n for n, r in self._records.items() if n not in listed and r.phase in FINAL]
+        for node in forgotten:  # Ray forgot it: nothing more can be said of it
+            del self._records[node]
+        return joined and known
 
-    async def keep_only(self, jobs: set[str]) -> None:
-        """Withdraw the wants of jobs not in ``jobs`` (the loop's safety net)."""
-        for key in [k for k in self._wants if k.split("/", 1)[-1] not in jobs]:
-            await self.withdraw(key)
+    async def refresh_draining(self) -> None:
+        """Read Ray's draining nodes and post what changed; settle."""
+        sent = core.now()
+        draining = await self._io.draining_nodes()
+        for node in self._draining.keys() - draining.keys():
+            self.post(Fact(node=node, kind=Kind.UNDRAINED, source=Source.RAY_READ, when=sent))
+        for node, deadline in draining.items():
+            if self._draining.get(node) != deadline:
+                self.post(
+                    Fact(
+                        node=node,
+                        kind=Kind.DRAINING,
+                        source=Source.RAY_READ,
+                        when=sent,
+                        deadline=deadline,
+                    )
+                )
+        self.settle()
+
+    def cordons(self, cordons: Mapping[str, Cordon], source: Source) -> None:
+        """Post how the operator's cordons (node -> its cordon) differ from the view's;
+        settle."""
+        for node in self._cordoned.keys() - cordons.keys():
+            self.say(node, Kind.UNCORDONED, source)
+        for node, c in cordons.items():
+            if self._cordoned.get(node) != c.drain:
+                self.say(node, Kind.CORDONED, source, drain=c.drain)
+        self.settle()
 
 
-def _same_but_avoid(a: Want, b: Want) -> bool:
-    """Whether two wants ask for the same groups, whatever nodes each avoids."""
-    if len(a.groups) != len(b.groups):
-        return False
-    return all(
-        (x.bundles, x.strategy, x.labels) == (y.bundles, y.strategy, y.labels)
-        for x, y in zip(a.groups, b.groups, strict=True)
-    )
+__all__ = ["ClusterNodes", "live_view", "node_view"]

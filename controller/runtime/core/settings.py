@@ -54,25 +54,35 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # busy its node (controller.runtime.steps.liveness).
     liveness_period: float = 1.0
     liveness_timeout: float = 1.0
-    # A raylet refusing connections twice this far apart is gone: its node is fenced.
+    # A raylet refusing connections this long, heard refused on a second path (a witness,
+    # or its second port where no witness replies), is gone: its node is fenced.
     refused_confirm: float = 0.2
-    # A raylet silent this long is stopped, hung or cut off: its node is fenced, well
-    # before Ray's own health checks give up (15 s and more with Ray's defaults), once
-    # witnesses confirm it (below). Counted from the first unanswered check. Long enough
-    # that a node loaded to its limit still answers once in between.
-    fence_after: float = 2.0
+    # A raylet silent this long, that witnesses cannot reach either (below), makes its
+    # node a suspect: its slots move to other nodes at once, far before Ray's own health
+    # checks give up (about a minute for a silent node with Ray's defaults); the node is
+    # kept, and is free again if it answers. Counted from the first unanswered check.
+    # Long enough that a node loaded to its limit still answers once in between.
+    suspect_after: float = 2.0
+    # A suspect still silent this long after its silence began is fenced (told dead to
+    # Ray; it never comes back from that). 0: Ray's own detection of a silent node, from
+    # the cluster's health-check settings (threshold x timeout + (threshold - 1) x period:
+    # 62 s with Ray's defaults), so placectl never declares dead a node Ray would still
+    # have kept; a blip shorter than it costs no node. Shorter trades nodes lost to blips
+    # for GPUs freed sooner from a machine that is really gone (its slots moved anyway).
+    fence_grace: float = 0.0
     # Beside the nodes it watches, the controller asks up to this many other nodes each
     # sweep: its quorum (controller.runtime.core.evidence). Reaching no strict majority of
     # the nodes asked, it suspects itself (its own link is down) and fences nothing.
     quorum_sample: int = 4
-    # A node silent past fence_after is fenced only if this many other nodes that answer
-    # the controller (or those of them that reply) cannot reach its raylet either.
+    # A node silent past suspect_after is suspected only if this many other nodes that
+    # answer the controller (or those of them that reply) cannot reach its raylet either;
+    # they are spread over the racks (placectl.io/rack) or NVLink domains it reaches.
     witnesses: int = 2
     # A node in doubt (silent once) is asked over this many connections at once, by the
     # controller and by each witness, and answers if any one does: TCP holds a lost
     # packet's successors on its connection, so looks on one connection miss together
     # over a lossy link, where separate connections lose independently. A cut node
-    # answers on none, and is fenced no later.
+    # answers on none, and is suspected no later.
     looks: int = DOUBT_WAYS
     # A caller that suspects a node (status, repair) waits for its fence at most this
     # long: a fence takes milliseconds, but a GCS slow to answer must not hold the call
@@ -119,7 +129,8 @@ FAST = Settings(
     liveness_period=0.005,
     liveness_timeout=0.01,
     refused_confirm=0.0,
-    fence_after=0.05,
+    suspect_after=0.05,
+    fence_grace=3.0,
     fence_wait=0.5,
     metrics_period=0.01,
     test_hooks=True,
@@ -132,6 +143,7 @@ PREFIX = "PLACECTL_"
 # zero means "none" (warm_budget: no warm-up).
 _LEAST: dict[str, float] = {
     "refused_confirm": 0.0,
+    "fence_grace": 0.0,
     "warm_budget": 0,
     "max_in_flight": 1,
     "quorum_sample": 0,
@@ -139,9 +151,16 @@ _LEAST: dict[str, float] = {
 }
 
 
+# Settings that were renamed: a value given under the old name is refused, not ignored.
+RENAMED = {
+    "fence_after": "suspect_after (a silence that long, witnessed, moves the node's slots; "
+    "the node is fenced only on proof or after fence_grace)",
+}
+
+
 def variable(name: str) -> str:
     """The environment variable that sets the setting ``name``: ``PLACECTL_`` + its name
-    in capitals (``fence_after`` -> ``PLACECTL_FENCE_AFTER``)."""
+    in capitals (``suspect_after`` -> ``PLACECTL_SUSPECT_AFTER``)."""
     return PREFIX + name.upper()
 
 
@@ -183,6 +202,9 @@ def from_environ(environ: Mapping[str, str], base: Settings | None = None) -> Se
             names the variable, what it takes and the default.
     """
     base = base or Settings()
+    for old, new in RENAMED.items():
+        if variable(old) in environ:
+            raise SettingsError(f"{variable(old)} is no longer read: it is now {new}")
     values = {}
     for field in msgspec.structs.fields(Settings):
         raw = environ.get(variable(field.name))
@@ -192,13 +214,16 @@ def from_environ(environ: Mapping[str, str], base: Settings | None = None) -> Se
 
 
 def by_name(given: Mapping[str, str]) -> dict[str, str]:
-    """Settings given by name (``{"fence_after": "3"}``, as ``placectl start --set``
+    """Settings given by name (``{"suspect_after": "3"}``, as ``placectl start --set``
     takes them), checked, as the variables that carry them to the controller.
 
     Raises:
         SettingsError: an unknown name, or a value its setting does not take.
     """
     names = [f.name for f in msgspec.structs.fields(Settings)]
+    for old, new in RENAMED.items():
+        if old in given:
+            raise SettingsError(f"setting {old!r} was renamed: it is now {new}")
     unknown = sorted(set(given) - set(names))
     if unknown:
         raise SettingsError(

@@ -26,9 +26,9 @@ Beneath the stewards, the state owner refuses a commit built from a record that 
 longer current (:class:`~controller.errors.StaleChange`), so a writer outside a step
 fails loudly instead of erasing another's change.
 
-One rule spans jobs: a repair or a move holds :attr:`Stewards.spares` from before it
-posts its step until the step ends, so each chooses its spares knowing what the previous
-one took. Nothing else takes it: a repair waits only behind other repairs and its own job.
+Nothing spans jobs: the steps of different jobs run at once. Where they compete for the
+same free room (a repair, a move or a hold choosing a node), each claims what it chose
+before it awaits anything (:mod:`controller.runtime.core.claims`).
 
 **Transitions**: every change of a reservation's record, named, in one place.
 
@@ -198,7 +198,6 @@ class Stewards:
         self._tasks = tasks
         self._by_job: dict[str, Steward] = {}
         self._stopped = False
-        self.spares = asyncio.Lock()
 
     async def run(self, job: str, trigger: Trigger, step: Callable[[], Awaitable[T]]) -> T:
         """Post ``step`` to ``job``'s steward and wait for its result (or its error)."""

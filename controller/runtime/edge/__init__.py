@@ -46,6 +46,9 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     resources: dict[str, float] = {}
     labels: dict[str, str] = {}
     raylet: str = ""  # host:port of the node's raylet, which answers health checks
+    # host:port of another port of the raylet's process (its object manager): a second
+    # path to the same process, for a refusal to be proof where no witness can look
+    second: str = ""
 
 
 class GroupInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -174,10 +177,18 @@ class ClusterIO(Protocol):
         outside the node's ephemeral port range, in the given order."""
         ...
 
-    async def end_leftovers(self, node_id: str, uid: str) -> list[str]:
+    async def end_leftovers(self, node_id: str, uid: str, ray_workers: bool = False) -> list[str]:
         """End every process on the node that a worker of reservation ``uid`` left there
-        (:mod:`controller.runtime.edge.node_tasks`); their command lines. Never returns from a
-        node that does not answer: the caller bounds the wait."""
+        (:mod:`controller.runtime.edge.node_tasks`), and with ``ray_workers`` its Ray
+        workers too (ranks moved off a node that was away: Ray ends them only once its GCS
+        reaches the node again); their command lines. Never returns from a node that does
+        not answer: the caller bounds the wait."""
+        ...
+
+    def detection_bound(self) -> float:
+        """How long Ray takes, at least, to declare a silent node dead, from the cluster's
+        health-check settings: each failed check waits its timeout, the next comes a
+        period later, and the node is dead after the threshold's count of failures."""
         ...
 
     def warm(self, node_id: str) -> None:

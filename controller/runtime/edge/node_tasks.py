@@ -125,12 +125,14 @@ def free_ports(candidates: list[int]) -> list[int]:
 
 
 @ray.remote(num_cpus=0, max_calls=0, max_retries=0)
-def end_leftovers(uid: str) -> list[str]:
+def end_leftovers(uid: str, ray_workers: bool = False) -> list[str]:
     """End every process on this node that a worker of reservation ``uid`` left (its
-    tag), Ray's own workers given their time to go; their command lines."""
+    tag), Ray's own workers given their time to go, or, with ``ray_workers``, ended too;
+    their command lines."""
     from controller.runtime.edge.node_tasks import end_tagged, reservation_prefix
 
-    return [e.command for e in end_tagged([], prefixes=[reservation_prefix(uid)])]
+    prefixes = [reservation_prefix(uid)]
+    return [e.command for e in end_tagged([], prefixes=prefixes, ray_workers=ray_workers)]
 
 
 if TYPE_CHECKING:  # the node-side sweep imports nothing of the controller
@@ -210,18 +212,23 @@ def is_ray_worker(command: str) -> bool:
 
 
 def end_tagged(
-    tags: list[str], ray_grace: float = RAY_GRACE_S, prefixes: list[str] = ()
+    tags: list[str],
+    ray_grace: float = RAY_GRACE_S,
+    prefixes: list[str] = (),
+    ray_workers: bool = False,
 ) -> list[Ended]:
     """SIGKILL every process carrying one of ``tags`` (or a tag starting with one of
     ``prefixes``) that is not a Ray worker, until none is left; wait (at most
     ``ray_grace``) for the tagged Ray workers to go, ending what they start meanwhile.
-    The processes ended."""
+    With ``ray_workers``, the tagged Ray workers are killed too: workers whose group Ray
+    removed while their node was away, which Ray would end only once its GCS reaches
+    the node again. The processes ended."""
     ended: dict[int, Ended] = {}
     deadline = time.monotonic() + ray_grace
     while True:
         found = tagged(tags, prefixes=prefixes)
         for pid, (tag, cmd) in found.items():
-            if is_ray_worker(cmd):
+            if is_ray_worker(cmd) and not ray_workers:
                 continue
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)

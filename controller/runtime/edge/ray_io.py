@@ -7,7 +7,6 @@ bundles (:func:`group_handle`); ``import controller`` never imports it.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import logging
@@ -19,6 +18,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 
 from controller.runtime import edge
 from controller.runtime.edge import answers, node_tasks, ray_gcs
+from controller.runtime.edge.node_events import NodeEvents
 from controller.runtime.edge.ray_gcs import fence_node, gcs_store, gcs_unavailable
 from controller.state.wants import DemandGroup
 
@@ -49,9 +49,21 @@ def node_infos() -> list[edge.NodeInfo]:
                 raylet=f"{n['NodeManagerAddress']}:{n['NodeManagerPort']}"
                 if n.get("NodeManagerAddress") and n.get("NodeManagerPort")
                 else "",
+                second=f"{n['NodeManagerAddress']}:{n['ObjectManagerPort']}"
+                if n.get("NodeManagerAddress") and n.get("ObjectManagerPort")
+                else "",
             )
         )
     return out
+
+
+def detection_bound(config) -> float:
+    """Ray's own detection of a silent node with the health-check settings ``config``
+    (``ray._config``, the cluster's, as every Ray process holds them): seconds."""
+    threshold = max(int(config.health_check_failure_threshold()), 1)
+    timeout = config.health_check_timeout_ms() / 1000.0
+    period = config.health_check_period_ms() / 1000.0
+    return threshold * timeout + (threshold - 1) * period
 
 
 def _group_info(gid: str, entry: dict) -> edge.GroupInfo:
@@ -76,13 +88,7 @@ class RayClusterIO:
         self._ns = namespace.encode()
         self._kp = key_prefix
         self.metrics = edge.RayMetrics()
-        self._events: collections.deque[edge.NodeEvent] = collections.deque()
-        self._arrived: asyncio.Event | None = None  # set while events wait to be drained
-        self._watch: asyncio.Task | None = None
-        self._alive: set[str] | None = None  # the alive set last seen
-        self._polling = False
-        self._subscribed = False
-        self._resubscriptions = 0
+        self._node_events = NodeEvents(self.nodes)
         self._witnesses: dict[str, ray.actor.ActorHandle] = {}  # node -> kept witness
 
     # ------------------------------------------------------------ key-value store
@@ -139,26 +145,10 @@ class RayClusterIO:
         return await asyncio.to_thread(ray._private.state.available_resources_per_node)
 
     async def node_events(self) -> list[edge.NodeEvent]:
-        if self._watch is None:
-            self._watch = asyncio.get_running_loop().create_task(self._subscribe())
-        if self._polling or not self._subscribed:
-            await self._poll_nodes()  # no subscription (yet, or again): compare alive sets
-        out = list(self._events)
-        self._events.clear()
-        if self._arrived is not None:
-            self._arrived.clear()
-        return out
+        return await self._node_events.take()
 
     async def wait_for_events(self, timeout: float) -> None:
-        if self._arrived is None:
-            self._arrived = asyncio.Event()
-        polling = self._polling or not self._subscribed
-        if self._events or polling:  # polling learns of events only when asked
-            if polling:
-                await asyncio.sleep(timeout)
-            return
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._arrived.wait(), timeout)
+        await self._node_events.wait(timeout)
 
     async def dead_nodes(self, node_ids: list[str]) -> set[str]:
         if not node_ids:
@@ -216,78 +206,7 @@ class RayClusterIO:
         await asyncio.to_thread(fence_node, gcs, node_id, why)
 
     def watching(self) -> str:
-        """How node events arrive: ``subscribed`` (pushed by the GCS), ``reconnecting``
-        (no subscription yet or again: alive sets are compared on every tick meanwhile,
-        and once more on subscribing), or ``polling`` (this Ray has no subscriber)."""
-        if self._polling:
-            return "polling"
-        return "subscribed" if self._subscribed else "reconnecting"
-
-    async def _subscribe(self) -> None:
-        """Follow Ray's node-info channel, pushed by the GCS, across GCS restarts.
-
-        A restarted GCS does not know the old subscription: the long poll then answers
-        at once with nothing, forever (measured on Ray 2.60). An empty answer therefore
-        means the GCS went away: the subscriber is dropped and made anew (with backoff),
-        and the nodes whose state changed meanwhile become events, from one read of the
-        node table compared with the alive set last seen (read after subscribing, so no
-        change falls in between).
-        """
-        try:
-            from ray._private.gcs_pubsub import GcsAioNodeInfoSubscriber
-        except ImportError as e:
-            log.warning("node-info subscription unavailable (%s); polling node states", e)
-            self._polling = True
-            return
-        address = ray.get_runtime_context().gcs_address
-        backoff = 0.1
-        while True:
-            sub = None
-            try:
-                sub = GcsAioNodeInfoSubscriber(address=address)
-                await sub.subscribe()
-                await self._poll_nodes()  # what changed while nobody listened
-                self._wake()
-                if self._resubscriptions:
-                    log.warning("node events: subscribed again after the GCS came back")
-                self._subscribed = True
-                self._resubscriptions += 1
-                backoff = 0.1
-                while True:
-                    got = await sub.poll(batch_size=1000)
-                    if not got:
-                        break
-                    for node_id, info in got:
-                        self._event(edge.NodeEvent(bytes(node_id).hex(), info.state == 0))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.info("node-info subscription: %s", e)
-            if self._subscribed:
-                log.warning("node events: the GCS went away; subscribing again")
-            self._subscribed = False
-            if sub is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(sub.close(), 1.0)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
-
-    def _event(self, event: edge.NodeEvent) -> None:
-        if self._alive is not None:
-            (self._alive.add if event.alive else self._alive.discard)(event.node_id)
-        self._events.append(event)
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._events and self._arrived is not None:
-            self._arrived.set()
-
-    async def _poll_nodes(self) -> None:
-        alive = {n.node_id for n in await self.nodes() if n.alive}
-        if self._alive is not None:
-            self._events.extend(edge.NodeEvent(n, False) for n in sorted(self._alive - alive))
-            self._events.extend(edge.NodeEvent(n, True) for n in sorted(alive - self._alive))
-        self._alive = alive
+        return self._node_events.watching()
 
     # ------------------------------------------------------------ placement groups
     async def create_group(self, name: str, bundles: list[dict[str, float]], node_id: str) -> str:
@@ -361,9 +280,12 @@ class RayClusterIO:
         ref = node_tasks.free_ports.options(scheduling_strategy=_on(node_id)).remote(candidates)
         return await _result(ref)
 
-    async def end_leftovers(self, node_id: str, uid: str) -> list[str]:
-        ref = node_tasks.end_leftovers.options(scheduling_strategy=_on(node_id)).remote(uid)
-        return await _result(ref)
+    async def end_leftovers(self, node_id: str, uid: str, ray_workers: bool = False) -> list[str]:
+        task = node_tasks.end_leftovers.options(scheduling_strategy=_on(node_id))
+        return await _result(task.remote(uid, ray_workers))
+
+    def detection_bound(self) -> float:
+        return detection_bound(ray._config)
 
     def warm(self, node_id: str) -> None:
         node_tasks.warm.options(scheduling_strategy=_on(node_id)).remote()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from controller.runtime.core.context import Context
 from controller.runtime.steps.applying import Applier
 from controller.runtime.steps.checks import Checker
+from controller.runtime.steps.fencing import Fencer
 from controller.runtime.steps.holding import Holder
 from controller.runtime.steps.leasing import CoreLeaser, Leaser
 from controller.runtime.steps.liveness import Liveness
@@ -31,8 +32,10 @@ class Operations:
         reserver: reserve, cancel, release; it owns the ``admitter`` (the queue).
         applier: apply and resize.
         reconciler: recovery on start, and the loop's ticks.
+        fencer: tells Ray a node is dead (the watch's proof or grace, an operator).
         liveness: the raylets of reserved nodes asked whether they answer; a node that
-            does not is fenced, and its jobs checked at once.
+            does not is suspected (its slots move) and fenced only on proof or after its
+            grace; what it finds goes to the node view's inbox.
     """
 
     def __init__(self, ctx: Context) -> None:
@@ -46,10 +49,5 @@ class Operations:
         self.applier = Applier(ctx, self.checker, self.leaser)
         self.holder = Holder(ctx)
         self.reconciler = Reconciler(ctx, self.checker, self.reserver, self.repairer, self.holder)
-        self.liveness = Liveness(ctx, self._fenced)
-
-    def _fenced(self, node: str) -> None:
-        """A node was fenced: its jobs are checked, and repaired, at once."""
-        for job in self.ctx.state.jobs_on(node):
-            self.checker.recheck(job)
-        self.checker.wake()
+        self.fencer = Fencer(ctx)
+        self.liveness = Liveness(ctx, self.fencer)

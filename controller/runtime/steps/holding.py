@@ -19,6 +19,9 @@ Guarantees:
   is held, or the reservation is gone or wants fewer.
 * A group it is making is never an orphan (:meth:`Holder.making`), and one it made for a
   step that failed is removed before the step ends.
+* The free nodes it takes are claimed before it makes their groups
+  (:mod:`controller.runtime.core.claims`): a repair choosing a spare meanwhile never
+  takes the same room.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class Holder:
         self.settings = ctx.settings
         self._prefix = ctx.prefix
         self._tasks, self._demand = ctx.tasks, ctx.demand
+        self._claims = ctx.claims
         self._after: dict[str, float] = {}  # job -> when it may be tried again
         self._making: dict[str, set[str]] = {}  # job -> names of groups being made
         self._short: dict[str, str] = {}  # job -> why it holds fewer (logged once)
@@ -133,6 +137,7 @@ class Holder:
             self._after[job] = core.now() + self.settings.repair_retry
         finally:
             self._making.pop(job, None)
+            self._claims.release(f"{HOLD}/{job}")
         left = await groups.remove_verified(self._io, dropped, self.settings.removal_timeout)
         if left:
             log.warning("dropped spares of %r not removed yet: %s", job, sorted(left))
@@ -152,7 +157,8 @@ class Holder:
         live = [
             n for n in self._nodes.view(res.spec.accelerator).nodes if n.node_id not in draining
         ]
-        free = await self._io.free_resources()
+        who = f"{HOLD}/{res.job}"
+        free = self._claims.free(await self._io.free_resources(), but=who)
         taken = res.node_ids() | {s.node_id for s in kept}
         selectors = selectors_for(res, rank)
         token, fresh = secrets.token_hex(3), []
@@ -161,6 +167,7 @@ class Holder:
             if node is None:
                 break
             taken.add(node.node_id)
+            self._claims.claim(who, node.node_id, need)  # a repair's choice sees it now
             name = f"{self._prefix}{res.job}:{token}:spare{k}"
             fresh.append(
                 SlotRecord(

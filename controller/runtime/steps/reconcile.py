@@ -23,6 +23,7 @@ from collections.abc import Callable, Container
 from controller.runtime import core
 from controller.runtime.core import groups
 from controller.runtime.core.context import Context
+from controller.runtime.core.inbox import Kind, Source
 from controller.runtime.core.stewards import Trigger
 from controller.runtime.core.store import Loaded
 from controller.runtime.edge import REMOVED, GroupInfo, NodeInfo
@@ -80,7 +81,7 @@ class Reconciler:
         await self._io.node_events()  # subscribe first: no death between read and watch
         loaded = await self._state.load()
         await self._nodes.refresh()
-        self._nodes.set_cordoned(self._state.cordons)
+        self._nodes.cordons(self._state.cordons, Source.TABLE)
         table = await self._io.groups()
         for job in sorted(self._state.records):
             res = self._state.records[job]
@@ -140,19 +141,21 @@ class Reconciler:
         """One pass of the loop, in steps; a full pass every
         ``settings.full_check_period`` (unless ``full`` says) checks every job.
 
-        1. **Refresh the world**: Ray's node events, and its whole node table when a node
-           joined or at a full pass.
+        1. **Refresh the world**: Ray's node events and draining nodes, posted to the node
+           view's inbox with every other fact waiting there (the raylet watch's, a
+           repair's, the operator's), settled in order, and the jobs on every node a
+           fact changed marked for a check; Ray's whole node table when a node joined or
+           at a full pass.
         2. **Judge**: the jobs the events touched (every job at a full pass), against
            Ray's group table; each verdict is a ``CHECK`` step of the job's steward.
         3. **Orphans**: at a full pass, groups no record names are removed, in a task.
-        4. **Drains**: Ray's draining nodes, read.
-        5. **Find and answer**: one pass finds what each reservation asks for, as typed
+        4. **Find and answer**: one pass finds what each reservation asks for, as typed
            :class:`Finding` s (old slots on drained nodes due, an apply's intent left,
            a broken slot, a slot on a draining node, held spares due, a release cut
            short), and posts each to its one answer, which runs as a step of the job's
            steward (:meth:`_answers`).
-        6. **Demand**: what nobody asks of the autoscaler any more, withdrawn.
-        7. **Housekeep**: an idle worker kept on each reserved node; the pass's figures.
+        5. **Demand**: what nobody asks of the autoscaler any more, withdrawn.
+        6. **Housekeep**: an idle worker kept on each reserved node; the pass's figures.
         """
         started, cpu = time.perf_counter(), time.process_time()
         full, joined = await self._refresh(full)  # 1
@@ -161,13 +164,9 @@ class Reconciler:
             orphans = self._orphans(await self._io.groups() if not jobs else table)
             if orphans:
                 self._tasks.start("sweep", "orphans", self._sweep(orphans))
-        try:  # 4
-            await self._nodes.refresh_draining()
-        except Exception as e:  # the last answer stands; the next tick asks again
-            log.info("reading Ray's draining nodes: %s", e)
-        self._follow_up(joined)  # 5
-        await self._prune_demand()  # 6
-        self._warm_nodes()  # 7
+        self._follow_up(joined)  # 4
+        await self._prune_demand()  # 5
+        self._warm_nodes()  # 6
         self.tick_stats = {
             "wall_s": time.perf_counter() - started,
             "cpu_s": time.process_time() - cpu,
@@ -176,17 +175,23 @@ class Reconciler:
         }
 
     async def _refresh(self, full: bool | None) -> tuple[bool, bool]:
-        """Step 1: whether this pass is full, and whether a node joined."""
+        """Step 1: whether this pass is full, and whether room may have appeared (a node
+        joined or came back to placement)."""
         now = core.now()
         await self._checker.drain_events()
-        joined = self._checker.take_joined()
+        try:
+            await self._nodes.refresh_draining()
+        except Exception as e:  # the last answer stands; the next tick asks again
+            log.info("reading Ray's draining nodes: %s", e)
+        facts = self._checker.follow_up()
         if full is None:
             full = now - self._last_full >= self.settings.full_check_period
-        if full or joined:
-            joined = await self._nodes.refresh() or joined
+        if full or any(f.kind == Kind.JOINED for f in facts):
+            await self._nodes.refresh()
+            self._checker.follow_up()
         if full:
             self._last_full = now
-        return full, joined
+        return full, self._checker.take_room()
 
     async def _judge(self, full: bool) -> tuple[set[str], dict[str, GroupInfo]]:
         """Step 2: the settled jobs checked, and Ray's table of their groups (of every
@@ -203,7 +208,7 @@ class Reconciler:
         return jobs, table
 
     def _follow_up(self, joined: bool) -> None:
-        """Step 5: one pass over the reservations finds what each asks for
+        """Step 4: one pass over the reservations finds what each asks for
         (:func:`findings`), and each finding is posted to its answer (:meth:`_answers`).
         A job a call or a step holds, or one being reserved, is left to the next pass."""
         if joined:
