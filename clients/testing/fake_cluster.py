@@ -59,12 +59,20 @@ class FakeCluster(FakeNetwork, FakeStore):
 
     Args:
         accelerator: the accelerator resource name (``GPU``).
-        latency: Ray's modelled costs; summed into :attr:`ray_seconds`, never slept.
+        latency: Ray's modelled costs; summed into :attr:`ray_seconds`.
+        sleeps: also spend them, the way Ray does: group creations one at a time (the
+            GCS schedules them in turn), then each placed; probes one at a time per node
+            (one warm worker answers them). Otherwise nothing waits.
     """
 
-    def __init__(self, accelerator: str = "GPU", latency: Latency | None = None) -> None:
+    def __init__(
+        self, accelerator: str = "GPU", latency: Latency | None = None, sleeps: bool = False
+    ) -> None:
         self.accelerator = accelerator
         self.latency = latency or Latency()
+        self.sleeps = sleeps
+        self._gcs = asyncio.Lock()
+        self._probing: dict[str, asyncio.Lock] = {}
         self.metrics = KeptMetrics()
         self.nodes_by_id: dict[str, FakeNode] = {}
         self.groups_by_id: dict[str, FakeGroup] = {}
@@ -225,6 +233,10 @@ class FakeCluster(FakeNetwork, FakeStore):
         async def make() -> str:
             if self.create_delay:
                 await asyncio.sleep(self.create_delay)
+            if self.sleeps:  # the GCS schedules groups one at a time, then places each
+                async with self._gcs:
+                    await asyncio.sleep(self.latency.group_create)
+                await asyncio.sleep(self.latency.group_place)
             gid = f"{next(self._ids):036x}"
             self.groups_by_id[gid] = FakeGroup(gid, name, [dict(b) for b in bundles], node_id)
             self._on_node[node_id].add(gid)
@@ -329,6 +341,9 @@ class FakeCluster(FakeNetwork, FakeStore):
         if self.probe_delay:
             await asyncio.sleep(self.probe_delay)
         g = self.groups_by_id[group_id]
+        if self.sleeps:  # one warm worker a node answers its probes, one at a time
+            async with self._probing.setdefault(g.node_id, asyncio.Lock()):
+                await asyncio.sleep(self.latency.probe)
         if g.state != CREATED:
             raise FakeFault(f"probe in group {group_id} that is {g.state}")
         device = g.devices[bundle_index]

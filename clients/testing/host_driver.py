@@ -19,6 +19,7 @@ there, as a job on Ray alone would hold them. Then, per command:
 * ``health`` (placectl): the controller's ``health()``;
 * ``events`` (placectl): the kinds and messages of the controller's event history;
 * ``nodes``: every node Ray knows, with its address and whether Ray calls it alive;
+* ``free``: the GPUs Ray reports free on each alive node, by address;
 * ``quit``.
 """
 
@@ -81,6 +82,12 @@ def _nodes() -> list:
     ]
 
 
+def _free() -> dict:
+    free = ray._private.state.available_resources_per_node()
+    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+    return {"gpus": {ips[n]: r.get("GPU", 0.0) for n, r in free.items() if n in ips}}
+
+
 def _serve(commands: dict) -> None:
     """Answer each command read from standard input (a name, then its arguments) with
     ``{"event": name, ...}``, what ``commands[name](*arguments)`` returns, until ``quit``."""
@@ -132,6 +139,7 @@ def _placectl(args) -> None:
             "health": ctl.health,
             "events": lambda: {"events": [[e.kind, e.message] for e in ctl.events()]},
             "nodes": lambda: {"nodes": _nodes()},
+            "free": _free,
         }
     )
     group.shutdown()
@@ -152,7 +160,13 @@ def _plain(args) -> None:
         for n in sorted(hosts, key=lambda n: n["NodeManagerAddress"])
     ]
     _out("ready", ranks=ray.get([a.where.remote() for a in actors]))
-    _serve({"where": lambda: {"ranks": _where(actors)}, "nodes": lambda: {"nodes": _nodes()}})
+    _serve(
+        {
+            "where": lambda: {"ranks": _where(actors)},
+            "nodes": lambda: {"nodes": _nodes()},
+            "free": _free,
+        }
+    )
 
 
 class Driver:

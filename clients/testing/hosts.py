@@ -8,12 +8,16 @@ faults are the network's, put on the host's cable at the switch or at the host:
 * :meth:`Hosts.cut`: a host cut off both ways (its cable unplugged), or one way only;
 * :meth:`Hosts.degrade`: a lossy link (each packet lost with a probability, both ways);
 * :meth:`Hosts.cut_raylet`: the host's raylet alone cut off, its workers' traffic flowing;
-* :meth:`Hosts.heal`: the cable back as it was.
+* :meth:`Hosts.split`: a two-sided split (a rack's uplink down): two sets of hosts that
+  cannot reach each other, each still reaching its own side, every packet across lost
+  (no refusal, no error: connects time out, as across a dead link);
+* :meth:`Hosts.reject`: a firewall on one host refusing connections to another (a TCP
+  reset): a refusal that is the network's, not the node's;
+* :meth:`Hosts.heal`: the cable back as it was (:meth:`Hosts.heal_all`: every host's).
 
 Losses are netfilter rules in the host's namespace, on its cable alone (``iptables``:
-``DROP``, and the ``statistic`` match for random loss), not ``tc netem``: the kernels
-this was built on have no netem (``tc`` answers "Specified qdisc kind is unknown"), so
-a slow link (added delay) is not among the faults.
+``DROP``, ``REJECT``, the ``statistic`` match for random loss), not ``tc netem``, which
+the kernels here lack: a slow link (added delay) is not among the faults.
 
 Cutting the head's own cable is the head losing its uplink. What the harness cannot
 show: every host shares one kernel, one clock, one process table and one file system,
@@ -37,30 +41,23 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from clients.testing.netns import (
+    PREFIX,
+    drop,
+    ip,
+    kill_netns,
+    netns_pids,
+    raylet_pid,
+    sweep_stale,
+    unavailable,
+)
 
 SUBNET = "192.0.2"  # TEST-NET-1: documentation addresses, routed nowhere
 PORT = 6379
 RAYLET_PORT = 6380  # every host's raylet listens here (each host has its own port space)
-_PREFIX = "pchost"  # every namespace this harness makes starts so, then the owner's pid
-
-
-def unavailable() -> str | None:
-    """Why this machine cannot run hosts (not root, no ``ip``/``tc``, namespaces
-    refused), or None if it can."""
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    for tool, package in (("ip", "iproute2"), ("iptables", "iptables")):
-        if shutil.which(tool) is None:
-            return f"`{tool}` is missing (Debian: apt-get install {package})"
-    probe = f"{_PREFIX}probe{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"`ip netns add` refused: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
 
 
 @dataclass(frozen=True)
@@ -76,21 +73,6 @@ class Host:
     @property
     def is_head(self) -> bool:
         return self.index == 0
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if check and done.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
-    return done
-
-
-def _drop(netns: str, *rule: str) -> None:
-    """Add a netfilter rule that drops what ``rule`` matches, in ``netns``."""
-    argv = ["ip", "netns", "exec", netns, "iptables", "-w", "-A", *rule, "-j", "DROP"]
-    done = subprocess.run(argv, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv[4:])}: {done.stderr.strip()}")
 
 
 class Hosts:
@@ -115,7 +97,7 @@ class Hosts:
     ) -> None:
         if not 1 <= workers <= 250:
             raise ValueError(f"workers={workers}: expected 1 to 250 hosts beside the head")
-        self.owner = f"{_PREFIX}{os.getpid()}"
+        self.owner = f"{PREFIX}{os.getpid()}"
         self.switch = f"{self.owner}sw"
         self.hosts = [
             Host(i, f"{self.owner}h{i}", f"{SUBNET}.{i + 1}", f"ph{os.getpid()}x{i}"[-15:],
@@ -160,7 +142,7 @@ class Hosts:
         why = unavailable()
         if why is not None:
             raise RuntimeError(f"cannot run hosts in network namespaces here: {why}")
-        _sweep_stale()
+        sweep_stale()
         try:
             self._network()
             self.tmp = tempfile.mkdtemp(prefix="placectl-hosts-")
@@ -182,30 +164,30 @@ class Hosts:
         """Kill every process of every host, then delete the namespaces."""
         for ns in [h.netns for h in self.hosts] + [self.switch]:
             if ns in self._made:
-                _kill_netns(ns)
+                kill_netns(ns)
         for ns in reversed(self._made):
-            _ip("netns", "del", ns, check=False)
+            ip("netns", "del", ns, check=False)
         self._made.clear()
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = ""
 
     def _network(self) -> None:
-        _ip("netns", "add", self.switch)
+        ip("netns", "add", self.switch)
         self._made.append(self.switch)
-        _ip("-n", self.switch, "link", "set", "lo", "up")
-        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.switch, "link", "set", "br0", "up")
+        ip("-n", self.switch, "link", "set", "lo", "up")
+        ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        ip("-n", self.switch, "link", "set", "br0", "up")
         for h in self.hosts:
-            _ip("netns", "add", h.netns)
+            ip("netns", "add", h.netns)
             self._made.append(h.netns)
-            _ip("-n", h.netns, "link", "set", "lo", "up")
-            _ip("link", "add", h.nic, "netns", h.netns, "type", "veth", "peer", "name", h.port,
+            ip("-n", h.netns, "link", "set", "lo", "up")
+            ip("link", "add", h.nic, "netns", h.netns, "type", "veth", "peer", "name", h.port,
                 "netns", self.switch)  # fmt: skip
-            _ip("-n", h.netns, "addr", "add", f"{h.ip}/24", "dev", h.nic)
-            _ip("-n", h.netns, "link", "set", h.nic, "up")
-            _ip("-n", self.switch, "link", "set", h.port, "master", "br0")
-            _ip("-n", self.switch, "link", "set", h.port, "up")
+            ip("-n", h.netns, "addr", "add", f"{h.ip}/24", "dev", h.nic)
+            ip("-n", h.netns, "link", "set", h.nic, "up")
+            ip("-n", self.switch, "link", "set", h.port, "master", "br0")
+            ip("-n", self.switch, "link", "set", h.port, "up")
 
     def _ray_start(self, h: Host, args: list[str], wait: bool = True) -> subprocess.Popen:
         ray = os.path.join(os.path.dirname(sys.executable), "ray")
@@ -264,7 +246,7 @@ class Hosts:
         h = self.hosts[host] if isinstance(host, int) else host
         if h.is_head:
             raise ValueError("crash() takes a worker host; the head is the cluster")
-        _kill_netns(h.netns)
+        kill_netns(h.netns)
 
     def restart(self, host: Host | int, timeout: float = 120.0) -> None:
         """``host`` rebooted: every process on it killed, its cable healed, and Ray
@@ -273,7 +255,7 @@ class Hosts:
         if h.is_head:
             raise ValueError("restart() takes a worker host; the head is the cluster")
         old = self.node_ids(h)
-        _kill_netns(h.netns)
+        kill_netns(h.netns)
         self.heal(h)
         self._ray_start(h, [f"--address={self.address}"])
         self._wait_nodes(timeout, new_on=h.ip, old=old)
@@ -299,10 +281,22 @@ class Hosts:
         env = {**self.env, **popen.pop("env", {})}
         return subprocess.Popen(["ip", "netns", "exec", h.netns, *argv], env=env, **popen)
 
+    def raylet_pid(self, host: Host | int) -> int | None:
+        """The pid of ``host``'s raylet, if one runs there."""
+        h = self.hosts[host] if isinstance(host, int) else host
+        return raylet_pid(h.netns)
+
+    def kill_raylet(self, host: Host | int) -> None:
+        """``host``'s raylet killed (SIGKILL), the host up: its port refused from then on."""
+        pid = self.raylet_pid(host)
+        if pid is None:
+            raise RuntimeError("no raylet runs on that host")
+        os.kill(pid, 9)
+
     def pids(self, host: Host | int) -> list[int]:
         """Every process running on ``host`` now (its namespace's process table)."""
         h = self.hosts[host] if isinstance(host, int) else host
-        return _netns_pids(h.netns)
+        return netns_pids(h.netns)
 
     # ------------------------------------------------------------ faults
     def cut(self, host: Host | int, way: str = "both") -> None:
@@ -310,11 +304,11 @@ class Hosts:
         what comes ``in`` to it, or only what goes ``out`` of it (every packet lost)."""
         h = self.hosts[host] if isinstance(host, int) else host
         if way == "both":
-            _ip("-n", self.switch, "link", "set", h.port, "down")
+            ip("-n", self.switch, "link", "set", h.port, "down")
         elif way == "in":
-            _drop(h.netns, "INPUT", "-i", h.nic)
+            drop(h.netns, "INPUT", "-i", h.nic)
         elif way == "out":
-            _drop(h.netns, "OUTPUT", "-o", h.nic)
+            drop(h.netns, "OUTPUT", "-o", h.nic)
         else:
             raise ValueError(f"way={way!r}: expected 'both', 'in' or 'out'")
 
@@ -322,7 +316,7 @@ class Hosts:
         """Cut ``host``'s raylet alone off: every packet that comes to its port is lost,
         while its workers' traffic, and what the raylet itself sends, still flow."""
         h = self.hosts[host] if isinstance(host, int) else host
-        _drop(h.netns, "INPUT", "-i", h.nic, "-p", "tcp", "--dport", str(RAYLET_PORT))
+        drop(h.netns, "INPUT", "-i", h.nic, "-p", "tcp", "--dport", str(RAYLET_PORT))
 
     def degrade(self, host: Host | int, loss: float) -> None:
         """Make ``host``'s link lossy: each packet, in either direction, lost with
@@ -331,40 +325,40 @@ class Hosts:
         if not 0 < loss <= 1:
             raise ValueError(f"loss={loss}: expected a share of packets, above 0 and at most 1")
         chance = ["-m", "statistic", "--mode", "random", "--probability", f"{loss:g}"]
-        _drop(h.netns, "INPUT", "-i", h.nic, *chance)
-        _drop(h.netns, "OUTPUT", "-o", h.nic, *chance)
+        drop(h.netns, "INPUT", "-i", h.nic, *chance)
+        drop(h.netns, "OUTPUT", "-o", h.nic, *chance)
+
+    def split(self, side: Sequence[Host | int], other: Sequence[Host | int] = ()) -> None:
+        """Split the network in two: the hosts of ``side`` and those of ``other``
+        (default: every other host) lose every packet between them, both ways, while each
+        side reaches itself (a rack's uplink down). :meth:`heal_all` ends it."""
+        a = [self.hosts[h] if isinstance(h, int) else h for h in side]
+        b = [self.hosts[h] if isinstance(h, int) else h for h in other]
+        b = b or [h for h in self.hosts if h not in a]
+        if set(a) & set(b):
+            raise ValueError("split(): a host cannot stand on both sides")
+        for here, there in [*((x, y) for x in a for y in b), *((y, x) for x in a for y in b)]:
+            drop(here.netns, "INPUT", "-i", here.nic, "-s", there.ip)
+            drop(here.netns, "OUTPUT", "-o", here.nic, "-d", there.ip)
+
+    def reject(self, host: Host | int, toward: Host | int) -> None:
+        """A firewall on ``host`` refusing its connections to ``toward`` with a TCP reset
+        (``REJECT``): ``toward`` runs, but ``host`` hears a refusal from it."""
+        h = self.hosts[host] if isinstance(host, int) else host
+        t = self.hosts[toward] if isinstance(toward, int) else toward
+        reset = ("REJECT", "--reject-with", "tcp-reset")
+        drop(h.netns, "OUTPUT", "-o", h.nic, "-d", t.ip, "-p", "tcp", target=reset)
 
     def heal(self, host: Host | int) -> None:
-        """``host``'s cable as it was: plugged in, nothing dropped."""
+        """``host``'s cable as it was: plugged in, nothing dropped or rejected there."""
         h = self.hosts[host] if isinstance(host, int) else host
         subprocess.run(["ip", "netns", "exec", h.netns, "iptables", "-w", "-F"], check=True)
-        _ip("-n", self.switch, "link", "set", h.port, "up")
+        ip("-n", self.switch, "link", "set", h.port, "up")
 
-
-def _netns_pids(netns: str) -> list[int]:
-    done = _ip("netns", "pids", netns, check=False)
-    return [int(p) for p in done.stdout.split() if p.isdigit()]
-
-
-def _kill_netns(netns: str) -> None:
-    """Kill every process in ``netns`` until none is left (a dying raylet's workers)."""
-    deadline = time.monotonic() + 20
-    while (pids := _netns_pids(netns)) and time.monotonic() < deadline:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, 9)
-        time.sleep(0.1)
-
-
-def _sweep_stale() -> None:
-    """Delete the namespaces of harnesses whose process is gone."""
-    names = _ip("netns", "list", check=False).stdout.split()
-    for name in (n for n in names if n.startswith(_PREFIX)):
-        digits = "".join(c for c in name[len(_PREFIX) :].split("h")[0].split("s")[0])
-        if not digits.isdigit() or os.path.exists(f"/proc/{digits}"):
-            continue
-        _kill_netns(name)
-        _ip("netns", "del", name, check=False)
+    def heal_all(self) -> None:
+        """Every host's cable as it was (a split, rejections and cuts ended)."""
+        for h in self.hosts:
+            self.heal(h)
 
 
 __all__ = ["SUBNET", "Host", "Hosts", "unavailable"]

@@ -121,12 +121,16 @@ def choose_spare(
     exclude: set[str],
     selectors: Iterable[dict[str, str]] = (),
     keep: Sequence[Keep] = (),
+    busy: Mapping[str, int] = {},
 ) -> NodeView | None:
-    """The nearest candidate (by :func:`nearness`, then node-rank order) that can stand
-    in for ``dead``: the same kind of node, matching ``selectors``, in every domain or
-    rack ``keep`` names, not in ``exclude``, with ``need`` free."""
+    """The nearest candidate (by :func:`nearness`, then the fewest groups other steps
+    are making there now, ``busy``, then node-rank order) that can stand in for
+    ``dead``: the same kind of node, matching ``selectors``, in every domain or rack
+    ``keep`` names, not in ``exclude``, with ``need`` free. Among equally near nodes a
+    busy one comes last: many repairs at once (a rack lost under many jobs) spread over
+    nodes, whose probes then run side by side instead of in turn on one node."""
     selectors = list(selectors)
-    for node in sorted(candidates, key=lambda n: nearness(dead, n)):
+    for node in sorted(candidates, key=lambda n: (nearness(dead, n), busy.get(n.node_id, 0))):
         if node.node_id in exclude or not is_replacement(dead, node):
             continue
         if not matches(node, selectors):

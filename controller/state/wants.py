@@ -131,12 +131,16 @@ def accelerators_named(spec: ClusterSpec) -> int:
     return needed
 
 
-def for_missing_nodes(spec: ClusterSpec, view: ClusterView) -> Want | None:
-    """What a reservation of ``spec`` asks for while ``view`` (the live nodes) has fewer
-    than ``spec.num_nodes``; None when nothing is missing."""
+def for_missing_nodes(
+    spec: ClusterSpec, view: ClusterView, alive: ClusterView | None = None
+) -> Want | None:
+    """What a reservation of ``spec`` asks for while ``view`` (the nodes it may use) has
+    fewer than ``spec.num_nodes``; None when nothing is missing. Its demand avoids every
+    node of ``alive`` (default ``view``): a node out of placement is no new node."""
     missing = spec.num_nodes - view.num_nodes
     if missing <= 0:
         return None
+    alive = alive or view
     acc = spec.accelerator
     have = sum(n.num_gpus for n in view.nodes)
     short = accelerators_named(spec) - have
@@ -147,14 +151,16 @@ def for_missing_nodes(spec: ClusterSpec, view: ClusterView) -> Want | None:
         if gpn > 0:
             nodes = min(missing, -(-short // gpn))
             group = DemandGroup(
-                bundles=[per_acc] * gpn, strategy=STRICT_PACK, avoid=avoided(view, [per_acc], acc)
+                bundles=[per_acc] * gpn,
+                strategy=STRICT_PACK,
+                avoid=avoided(alive, [per_acc], acc),
             )
             return Want(
                 groups=[group] * nodes,
                 why=f"{short} {acc} more than the {view.num_nodes} live nodes have",
             )
         return Want(
-            groups=[DemandGroup(bundles=[per_acc] * short, avoid=avoided(view, [per_acc], acc))],
+            groups=[DemandGroup(bundles=[per_acc] * short, avoid=avoided(alive, [per_acc], acc))],
             why=f"{short} {acc} more than the {view.num_nodes} live nodes have",
         )
     return Want(
@@ -162,7 +168,7 @@ def for_missing_nodes(spec: ClusterSpec, view: ClusterView) -> Want | None:
             DemandGroup(
                 bundles=[NODE_BUNDLE] * missing,
                 strategy=STRICT_SPREAD,
-                avoid=avoided(view, [NODE_BUNDLE], acc),
+                avoid=avoided(alive, [NODE_BUNDLE], acc),
             )
         ],
         why=f"{missing} more node(s): num_nodes={spec.num_nodes}, {view.num_nodes} alive",

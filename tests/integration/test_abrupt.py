@@ -166,7 +166,12 @@ def test_a_slow_worker_is_never_relaunched(cluster, ctl):
     group.shutdown()
 
 
-def test_a_hung_node_is_fenced_and_gets_nothing_when_it_comes_back(cluster, ctl):
+def test_a_hung_node_moves_its_ranks_and_comes_back_free_with_nothing_of_them(cluster, ctl):
+    """Every process of a node stopped (a hung kernel): its raylet is silent to the
+    controller and to the witnesses, so the node is suspected, its slot moves and
+    repair() relaunches its ranks at once; the node is kept, not fenced (a hang shorter
+    than Ray's own detection may end). It comes back: nothing of the moved ranks runs
+    there any more, and it is alive in Ray with the same raylet, its GPUs free again."""
     res, group, before = launch(ctl, "hung")
     victim = before[4]["node"]
     node = node_of(cluster, victim)
@@ -175,21 +180,19 @@ def test_a_hung_node_is_fenced_and_gets_nothing_when_it_comes_back(cluster, ctl)
     relaunched = group.repair(timeout=60)
     took = time.monotonic() - started
     assert relaunched == [4, 5, 6, 7]
-    assert not ray_node_alive(victim)
-    assert "has not answered" in ray_death_reason(victim)
     assert took < 30, took
+    assert ray_node_alive(victim) and victim not in ctl.health()["fenced"]  # kept
     check_where_ray_says(group, range(8))
-    zombies = [before[r]["pid"] for r in relaunched]
-    machines.resume(node, procs)  # back from the dead
-    wait_for(lambda: machines.reap(node), timeout=30)  # its raylet exits, told it is dead
-    assert machines.wait_gone(zombies) == []  # and its workers with it
-    assert not ray_node_alive(victim)
+    moved = [before[r]["pid"] for r in relaunched]
+    machines.resume(node, procs)  # back
+    assert machines.wait_gone(moved, timeout=60) == []  # nothing of them survives there
+    wait_for(lambda: victim not in ctl.health()["doubts"], timeout=60)  # healthy again
+    assert ray_node_alive(victim) and not machines.reap(node)  # the same raylet runs on
+    free = ray._private.state.available_resources_per_node
+    wait_for(lambda: free().get(victim, {}).get("GPU", 0) == GPUS, timeout=60)
     assert victim not in {s.node_id for s in res.refresh().slots}
-    assert all(a.placement.node_id != victim for a in res.assignments("actor"))
     assert group.repair() == []
-    cluster.remove_node(node, allow_graceful=False)
     group.shutdown()
-    restore(cluster)
 
 
 def test_a_worker_killed_by_the_oom_killer_is_relaunched_in_its_bundle(cluster, ctl):

@@ -118,3 +118,38 @@ def test_a_reservations_prefix_ends_every_tag_of_it_and_no_other(spawn):
     ended = node_tasks.end_tagged([], prefixes=[node_tasks.reservation_prefix(uid)])
     assert sorted(e.pid for e in ended) == sorted(mine)
     assert alive(other)
+
+
+def test_a_returned_nodes_sweep_ends_its_ray_workers_too_but_not_another_nodes(spawn):
+    """The sweep of a node that answers again after its ranks moved off it ends their
+    Ray workers as well (Ray would end them only once its GCS reaches the node again),
+    and only this node's: on a local cluster every node shares one process table, each
+    process telling its node by the raylet in its environment."""
+    uid, title = "u7c1", "ray::Trainer"
+    here = {**os.environ, node_tasks.RAYLET_PID: "111"}
+    there = {**os.environ, node_tasks.RAYLET_PID: "222"}
+
+    def worker(env: dict) -> int:
+        proc = subprocess.Popen(
+            ["bash", "-c", f'exec -a "{title}" sleep 300'],
+            env={**env, node_tasks.TAG: f"{uid}:job.actor.0"},
+            start_new_session=True,
+        )
+        spawned.append(proc)
+        return proc.pid
+
+    spawned: list[subprocess.Popen] = []
+    try:
+        mine, theirs = worker(here), worker(there)
+        wait_started(mine, f"{uid}:job.actor.0")
+        wait_started(theirs, f"{uid}:job.actor.0")
+        ended = node_tasks.end_tagged(
+            [], prefixes=[node_tasks.reservation_prefix(uid)], ray_workers=True,
+            within=f"{node_tasks.RAYLET_PID}=111",
+        )  # fmt: skip
+        assert [e.pid for e in ended] == [mine]
+        assert alive(theirs)
+    finally:
+        for proc in spawned:
+            proc.kill()
+            proc.wait()

@@ -49,6 +49,16 @@ class Claims:
             mine[k] = mine.get(k, 0.0) + v
         self.made += 1
 
+    def busy(self, but: str = "") -> dict[str, int]:
+        """Node -> how many claims of others than ``but`` are on it (groups being made
+        there now): a chooser prefers a node with fewer, among equally good ones."""
+        out: dict[str, int] = {}
+        for who, nodes in self._by.items():
+            if who != but:
+                for node in nodes:
+                    out[node] = out.get(node, 0) + 1
+        return out
+
     def release(self, who: str) -> None:
         """Every claim of ``who`` ends."""
         self._by.pop(who, None)

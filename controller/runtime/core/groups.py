@@ -64,7 +64,8 @@ async def wait_for_nodes(
                 break
             message = f"waiting for nodes: {view.num_nodes} of {spec.num_nodes} alive"
             if demand is not None:
-                await demand.want(key, for_missing_nodes(spec, view))
+                alive = nodes.alive_view(spec.accelerator)
+                await demand.want(key, for_missing_nodes(spec, view, alive))
                 asked = demand.held(key)
                 if asked is not None:
                     message += f"; asked the autoscaler for {asked.describe()}"

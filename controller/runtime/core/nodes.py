@@ -156,6 +156,12 @@ class ClusterNodes:
         self._views[accelerator] = (self._version, view)
         return view
 
+    def alive_view(self, accelerator: str) -> ClusterView:
+        """Every alive node, in node-rank order, in placement or not (suspected, back,
+        cordoned, draining): where a demand for new nodes must not land."""
+        alive = [n for n in self._info.values() if n.node_id in self._alive]
+        return live_view(alive, accelerator, self._node_views.setdefault(accelerator, {}))
+
     # ------------------------------------------------------------ facts
     def post(self, fact: Fact) -> None:
         """Post ``fact`` to the inbox; it is applied at the next :meth:`settle`."""

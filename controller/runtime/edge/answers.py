@@ -61,6 +61,9 @@ TEST_CALL_TOKEN = "PLACECTL_TEST_CALL_TOKEN"
 # is "Socket closed": something listens, and closed the connection on us (a process
 # that is gone refuses the connection instead; a stopped one lets it time out).
 _HANDSHAKE = ("handshake", "ssl", "tls", "certificate", "socket closed")
+# ...but gRPC's own TCP connector gives up with "tcp handshaker shutdown" when a connect
+# meets its deadline unanswered (a host cut off): silence, not a refusal of who we are.
+_NOT_TLS = ("tcp handshaker",)
 
 
 class CallDenied(RuntimeError):
@@ -99,7 +102,10 @@ def denied(error) -> str | None:
     code, details = error.code(), (error.details() or "")
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return f"{code.name}: {details}".strip()
-    if code == grpc.StatusCode.UNAVAILABLE and any(w in details.lower() for w in _HANDSHAKE):
+    said = details.lower()
+    if any(w in said for w in _NOT_TLS):
+        return None
+    if code == grpc.StatusCode.UNAVAILABLE and any(w in said for w in _HANDSHAKE):
         return f"TLS handshake failed: {details}"
     return None
 
@@ -148,7 +154,9 @@ _METHOD = "/grpc.health.v1.Health/Check"
 # silences them all, and a cut one silences every one (scripts/bench/bench_looks.py).
 # A lane late where another answered is stuck behind a lost packet, whose retransmission
 # waits longer at each loss (measured: one connection silent for 29 s on a link losing
-# 30%): it is replaced by a new connection, made at once, before the next check.
+# 30%): it is replaced by a new connection, made at once, before the next check. When
+# every lane of a process is late, each is dropped, and the next check connects anew:
+# after a cut heals, a kept connection would stay silent until its next retransmission.
 DOUBT_WAYS = 3  # connections for a process in doubt (the controller: settings.looks)
 _KEPT_MOST = 4096
 _LOCK = threading.Lock()
@@ -207,6 +215,14 @@ def _give_back(address: str, lane: int, kept: _Kept, broken: bool) -> None:
             kept.channel.close()
 
 
+def _retire(address: str, lane: int) -> None:
+    """The kept channel of ``(address, lane)`` is dropped: the next call connects anew."""
+    with _LOCK:
+        kept = _KEPT.pop((address, lane), None)
+        if kept is not None:
+            kept.retire()
+
+
 def answers(
     addresses: Mapping[str, str],
     timeout: float,
@@ -262,11 +278,17 @@ def answers(
             answer = DENIED if refusal is not None else _verdict(e.code(), e.details() or "")
             got.setdefault(key, []).append(answer)
     out = {key: min(lanes, key=_BEST.index) for key, lanes in got.items()}
+    lanes_late = collections.Counter(key for key, _, _ in late)
     for key, address, lane in late:
         if out.get(key) == OK:  # stuck where another lane answered: replaced now
             fresh = _borrow(address, lane, fresh=True)
             grpc.channel_ready_future(fresh.channel)  # connects now, before the next check
             _give_back(address, lane, fresh, broken=False)
+        elif lanes_late[key] == len(got.get(key, ())):
+            # Every lane late: each connection may be stuck in TCP's retransmission
+            # backoff (after a cut of 30 s, the next retry comes tens of seconds later,
+            # long after the link is back). The next check connects anew on each.
+            _retire(address, lane)
     closed = {k: a for k, a in closed.items() if out.get(k) != OK}
     if closed:
         out.update(answers(closed, timeout, why, _again=False))

@@ -132,7 +132,11 @@ def end_leftovers(uid: str, ray_workers: bool = False) -> list[str]:
     from controller.runtime.edge.node_tasks import end_tagged, reservation_prefix
 
     prefixes = [reservation_prefix(uid)]
-    return [e.command for e in end_tagged([], prefixes=prefixes, ray_workers=ray_workers)]
+    # Ray's workers, killed here, are this node's only: on a local cluster every node's
+    # processes share one process table, told apart by the raylet they belong to.
+    mine = f"{RAYLET_PID}={os.environ.get(RAYLET_PID, '')}" if ray_workers else None
+    ended = end_tagged([], prefixes=prefixes, ray_workers=ray_workers, within=mine)
+    return [e.command for e in ended]
 
 
 if TYPE_CHECKING:  # the node-side sweep imports nothing of the controller
@@ -141,6 +145,7 @@ if TYPE_CHECKING:  # the node-side sweep imports nothing of the controller
 log = logging.getLogger("placectl.controller")
 
 TAG = "PLACECTL_WORKER"
+RAYLET_PID = "RAY_RAYLET_PID"  # in every Ray worker's environment: the raylet it belongs to
 # How long a stopped worker's Ray processes get to go before the sweep returns anyway.
 RAY_GRACE_S = 5.0
 # In the command line of every Ray worker process before it takes its ``ray::`` title
@@ -176,10 +181,14 @@ def reservation_prefix(uid: str) -> str:
 
 
 def tagged(
-    tags: Iterable[str], proc: str = "/proc", prefixes: Iterable[str] = ()
+    tags: Iterable[str],
+    proc: str = "/proc",
+    prefixes: Iterable[str] = (),
+    within: str | None = None,
 ) -> dict[int, tuple[str, str]]:
     """pid -> (tag, command line) of every live process whose environment holds one of
-    ``tags``, or a tag that starts with one of ``prefixes`` (this process excepted)."""
+    ``tags``, or a tag that starts with one of ``prefixes`` (this process excepted), and,
+    given ``within`` (``NAME=value``), that entry too."""
     wanted = {f"{TAG}={t}".encode() for t in tags}
     starts = tuple(f"{TAG}={p}".encode() for p in prefixes)
     found: dict[int, tuple[str, str]] = {}
@@ -187,6 +196,8 @@ def tagged(
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         env = _read(f"{proc}/{entry}/environ").split(b"\0")
+        if within is not None and within.encode() not in env:
+            continue
         hit = wanted.intersection(env) or {v for v in env if starts and v.startswith(starts)}
         if hit:
             cmd = _read(f"{proc}/{entry}/cmdline").replace(b"\0", b" ").strip()
@@ -216,17 +227,19 @@ def end_tagged(
     ray_grace: float = RAY_GRACE_S,
     prefixes: list[str] = (),
     ray_workers: bool = False,
+    within: str | None = None,
 ) -> list[Ended]:
     """SIGKILL every process carrying one of ``tags`` (or a tag starting with one of
     ``prefixes``) that is not a Ray worker, until none is left; wait (at most
     ``ray_grace``) for the tagged Ray workers to go, ending what they start meanwhile.
     With ``ray_workers``, the tagged Ray workers are killed too: workers whose group Ray
     removed while their node was away, which Ray would end only once its GCS reaches
-    the node again. The processes ended."""
+    the node again. With ``within`` (``NAME=value``), only processes whose environment
+    holds it. The processes ended."""
     ended: dict[int, Ended] = {}
     deadline = time.monotonic() + ray_grace
     while True:
-        found = tagged(tags, prefixes=prefixes)
+        found = tagged(tags, prefixes=prefixes, within=within)
         for pid, (tag, cmd) in found.items():
             if is_ray_worker(cmd) and not ray_workers:
                 continue

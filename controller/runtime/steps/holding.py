@@ -86,15 +86,15 @@ class Holder:
         self._tasks.start("hold", job, self.hold(job))
 
     def _unfit(self, res: ReservationRecord, table: dict | None = None) -> set[int]:
-        """Indexes of held spares to drop: on a node gone or draining, inside the
+        """Indexes of held spares to drop: on a node gone, draining or suspected, inside the
         reservation, of another shape than its nodes now have, or (``table``: Ray's
         entries of their groups) whose group is not placed."""
         _, bundles = spare_bundles(res)
         want, inside = shape(bundles), res.node_ids()
-        draining = set(self._nodes.draining)
+        away = set(self._nodes.draining) | self._nodes.suspected()
         out = set()
         for i, s in enumerate(res.spares):
-            gone = s.node_id not in self._nodes or s.node_id in draining or s.node_id in inside
+            gone = s.node_id not in self._nodes or s.node_id in away or s.node_id in inside
             placed = table is None or (s.group_id in table and table[s.group_id].state == CREATED)
             if gone or not placed or shape(s.bundles) != want:
                 out.add(i)
@@ -194,7 +194,7 @@ class Holder:
             self._after[res.job] = core.now() + self.settings.repair_retry
             one = SlotRecord(node_rank=-1, node_id="", node_ip="", group_name="", bundles=bundles)
             missing = [one] * (n - len(fresh))
-            view = self._nodes.view(res.spec.accelerator)
+            view = self._nodes.alive_view(res.spec.accelerator)  # no demand lands on any
             await self._demand.want(
                 key, for_spare(missing, res.nodes[rank], view, res.spec.accelerator)
             )

@@ -105,8 +105,9 @@ class Replacer:
                 continue
             need = spares.need_of(bundles)
             spare = spares.choose_spare(
-                res.nodes[node_rank], live.nodes, free, need, taken, sel, keep
-            )
+                res.nodes[node_rank], live.nodes, free, need, taken, sel, keep,
+                self._claims.busy(but=who),
+            )  # fmt: skip
             if spare is None:
                 first = res.slots[idxs[0]]
                 wants = ", ".join(f"{k} {v:g}" for k, v in sorted(need.items()))
@@ -123,7 +124,8 @@ class Replacer:
             self._claims.claim(who, spare.node_id, need)  # before any await: no other takes it
             parts.append((spare, idxs))
         if short:
-            wants = [for_spare(slots, node, live, res.spec.accelerator) for node, slots in short]
+            alive = self._nodes.alive_view(res.spec.accelerator)  # no demand lands on any
+            wants = [for_spare(slots, node, alive, res.spec.accelerator) for node, slots in short]
             want = Want(groups=[g for w in wants for g in w.groups], why=wants[0].why)
             return None, f"{why}; asked the autoscaler for {want.describe()}", set(), want
         self._incarnation.crash_point("replace_after_plan")
