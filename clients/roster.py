@@ -19,6 +19,7 @@ from clients.launching import (
     worker_name,
 )
 from clients.standby import Standbys, key_of, promote_here, standby_name
+from clients.verdict import actor_dead
 from controller import PlacementError
 from controller.runtime.edge.node_tasks import TAG, new_tag
 from controller.state.assignments import Assignment
@@ -75,6 +76,7 @@ class Roster:
         ]
         self.tags += [None] * (len(self.actors) - len(self.tags))
         self.prepared: dict[int, tuple[Any, Assignment, str | None, str]] = {}
+        self.held: list = []  # workers left on nodes away, until Ray reports them dead
         self._ready: dict[int, Any] = {}  # rank -> its replacement's __ray_ready__ ref
         self.standbys = Standbys()
 
@@ -133,9 +135,22 @@ class Roster:
     def stop(
         self, ranks: list[int], reused: set[int] | None = None, away: set[str] = frozenset()
     ) -> None:
-        """Kill ranks and end what they left on their nodes (:mod:`clients.slot_sweep`;
-        not on the nodes ``away``); the names of the detached ones in ``reused`` (default
-        all) are free again when this returns, for a new worker of the same name."""
+        """Kill ranks and end what they left on their nodes (:mod:`clients.slot_sweep`);
+        the names of the detached ones in ``reused`` (default all) are free again when
+        this returns, for a new worker of the same name.
+
+        A rank on a node ``away`` (a suspect its slot moved off) is left alone: killing
+        it, or dropping the last handle of an actor the driver owns, has Ray's GCS send
+        that node's raylet a request that cannot arrive, on the connection its health
+        checks use (which, after a long cut, has stayed stuck past the heal until the GCS
+        declared the node dead). Its handle is held until Ray reports it dead; the
+        controller ends it there, with what it started, when the node answers again; a
+        detached one keeps its name meanwhile (its replacement gets another)."""
+        self.held = [a for a in self.held if not actor_dead(a)]
+        gone = {r for r in ranks if r < len(self.assignments)
+                and self.assignments[r].placement.node_id in away}  # fmt: skip
+        self.held += [self.actors[r] for r in gone if self.actors[r] is not None]
+        ranks = [r for r in ranks if r not in gone]
         draining = slot_sweep.draining_nodes() if ranks else set()
         inside = [
             (self.actors[r], self.tags[r], a.placement.node_id)
@@ -178,6 +193,8 @@ class Roster:
         after the old worker is gone. On the nodes ``away`` (cut off, their slots moved:
         the controller ends what was left there when they answer again) nothing is
         swept."""
+        left = {r for r in ranks if r < len(self.assignments)
+                and self.assignments[r].placement.node_id in away}  # fmt: skip
         self.actors += [None] * (len(fresh) - len(self.actors))
         self.names += [None] * (len(fresh) - len(self.names))
         self.tags += [None] * (len(fresh) - len(self.tags))
@@ -195,7 +212,9 @@ class Roster:
                 self.actors[r], self.names[r], self.tags[r] = standing[r]
                 promoted[r] = self._promote(self.actors[r], fresh[r], self.tags[r])
             else:
-                self.actors[r], self.names[r], self.tags[r] = self.start(fresh[r], len(fresh))
+                self.actors[r], self.names[r], self.tags[r] = self.start(
+                    fresh[r], len(fresh), self._fresh_name(r, fresh[r]) if r in left else None
+                )
         for r, ref in promoted.items():  # each standby is its rank now
             try:
                 ray.get(ref)
@@ -203,6 +222,11 @@ class Roster:
                 self.actors[r], self.names[r], self.tags[r] = self.start(fresh[r], len(fresh))
         self.drop_prepared(keep=set())
         self.assignments = list(fresh)
+
+    def _fresh_name(self, rank: int, a: Assignment) -> str | None:
+        """The name of a detached rank started while its old worker, on a node away,
+        still holds the rank's own: the one ``attach`` looks for first (by epoch)."""
+        return f"{worker_name(self.job, self.component, rank)}@{a.epoch}" if self.detached else None
 
     def _promote(self, actor, a: Assignment, tag: str):
         """Have the standby ``actor`` become the rank of ``a`` (its ref)."""

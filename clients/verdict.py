@@ -190,10 +190,10 @@ def lost(answer: str | None, node: str) -> bool:
 
 
 def away(verdicts: Mapping[str, str]) -> set[str]:
-    """The nodes of ``verdicts`` a driver must not wait on to sweep what its stopped
-    ranks left: those whose slots moved off them while they were away (the controller
-    sweeps them when they answer again) or that are dead."""
-    return {n for n, v in verdicts.items() if v in GONE}
+    """The nodes of ``verdicts`` a driver leaves alone: the job's slots moved off them
+    while they are away (the controller ends what its ranks left there when they answer
+    again, or they are fenced); nothing sent there can arrive."""
+    return {n for n, v in verdicts.items() if v == MOVED}
 
 
 def undecided(answer: str | None, node: str) -> bool:

@@ -18,7 +18,8 @@ there, as a job on Ray alone would hold them. Then, per command:
   group brought to the epoch (``moved``, ``kept``, ``seconds``);
 * ``health`` (placectl): the controller's ``health()``;
 * ``events`` (placectl): the kinds and messages of the controller's event history;
-* ``nodes``: every node Ray knows, with its address and whether Ray calls it alive;
+* ``nodes``: every node Ray knows, with its address, whether Ray calls it alive, and
+  why it died (Ray's reason: its health checks, or ``placectl fenced the node: ...``);
 * ``free``: the GPUs Ray reports free on each alive node, by address;
 * ``quit``.
 """
@@ -77,7 +78,12 @@ def _where(actors: list) -> list:
 
 def _nodes() -> list:
     return [
-        {"ip": n["NodeManagerAddress"], "node": n["NodeID"], "alive": bool(n["Alive"])}
+        {
+            "ip": n["NodeManagerAddress"],
+            "node": n["NodeID"],
+            "alive": bool(n["Alive"]),
+            "why": n.get("DeathReasonMessage") or "",
+        }
         for n in ray.nodes()
     ]
 

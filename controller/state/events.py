@@ -13,22 +13,18 @@ import time
 
 import msgspec
 
-from controller.state.records import (  # noqa: F401  (re-exported: the events' causes)
+from controller.state.causes import (  # noqa: F401  (re-exported: the events' causes)
     CAUSES,
-    DEGRADED,
     DRAIN,
     GROUP_REMOVED,
     GROUP_UNPLACED,
     NODE_LOST,
+    NODE_SUSPECTED,
     OTHER,
-    PENDING,
-    QUEUED,
-    READY,
-    RELEASING,
     Cause,
-    ReservationRecord,
     legacy_cause,
 )
+from controller.state.records import DEGRADED, PENDING, QUEUED, READY, RELEASING, ReservationRecord
 
 # Kinds, in the order a reservation meets them.
 QUEUED_EV = "queued"

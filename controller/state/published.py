@@ -16,7 +16,7 @@ from controller.planning.node_groups import ACCELERATOR
 from controller.planning.placement import Placement
 from controller.state.assignments import Assignment, build_assignments
 from controller.state.plan import JobPlan
-from controller.state.records import SCHEMA_VERSION, ReservationRecord, SlotRecord
+from controller.state.records import SCHEMA_VERSION, UNTIL_BACK, ReservationRecord, SlotRecord
 
 
 class Row(msgspec.Struct, frozen=True, array_like=True):
@@ -240,7 +240,7 @@ def summarize(res: ReservationRecord) -> ReservationInfo:
         queued_at=res.queued_at,
         preemptible=res.preemptible,
         preempt_at=res.preempt_at,
-        leaving={x.node_id: x.remove_at for x in res.leaving},
+        leaving={x.node_id: x.remove_at for x in res.leaving if x.remove_at != UNTIL_BACK},
         slots=[_slot(res, s) for s in res.slots],
         spares=[_slot(res, s) for s in res.spares],
         spares_wanted=res.spec.spares,

@@ -36,13 +36,14 @@ Kept in the table (one key per node), so a controller restart keeps them.
 
 from __future__ import annotations
 
-import enum
+from collections.abc import Container
 
 import msgspec
 
 from controller.planning.cluster import NodeView
 from controller.planning.node_groups import ACCELERATOR
 from controller.planning.spec import ClusterSpec
+from controller.state.causes import NODE_LOST, NODE_SUSPECTED
 from controller.state.leases import MASTER, CoreLease, PortLease
 
 SCHEMA_VERSION = 3
@@ -117,20 +118,39 @@ class Applying(msgspec.Struct, frozen=True, kw_only=True):
     removed: list[str] = []
 
 
+# A group kept until its node answers again (remove_at): see LeavingGroup.
+UNTIL_BACK = float("inf")
+
+
 class LeavingGroup(msgspec.Struct, frozen=True, kw_only=True):
-    """A group whose slot moved off a draining node, kept until the node goes so the
-    workers still running in it can finish their step and move at a boundary.
+    """A group whose slot moved off its node, kept for a while:
+
+    * off a draining node, until the node goes, so the workers still running in it can
+      finish their step and move at a boundary;
+    * off a suspect (silent, witnessed: its node is away), until the node answers again
+      or is gone (``remove_at`` is :data:`UNTIL_BACK`): removing a group, or killing the
+      actors in it, has Ray's GCS send the node's raylet requests that cannot arrive,
+      on the connection its health checks use, and after a cut of 30 s that connection
+      stayed stuck in TCP's retransmission backoff past the heal until the GCS declared
+      the node dead (measured on hosts in network namespaces, Ray 2.60).
 
     Attributes:
         group_id: the placement group.
-        node_id: the draining node it is on.
+        node_id: the node it is on.
         remove_at: when placectl removes it (wall-clock seconds): the drain's deadline,
-            or a grace after the move when the drain named none.
+            or a grace after the move when the drain named none; or never by the clock.
     """
 
     group_id: str
     node_id: str
     remove_at: float
+
+    def due(self, now: float, alive: Container[str], away: Container[str]) -> bool:
+        """Whether to remove it now: its time came, its node is gone, or (kept for a
+        suspect) its node is no longer ``away``."""
+        if self.node_id not in alive or self.remove_at <= now:
+            return True
+        return self.remove_at == UNTIL_BACK and self.node_id not in away
 
 
 class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -248,73 +268,6 @@ def with_dead_nodes(
     return msgspec.structs.replace(record, state=DEGRADED, reason=reason, cause=cause)
 
 
-class Cause(enum.StrEnum):
-    """Why a slot is broken. A member is its string (records, events and the metrics'
-    label carry the string), so a record read back compares equal to its cause."""
-
-    NODE_LOST = "node-lost"  # the slot's node is dead (Ray's verdict, or placectl's fence)
-    NODE_SUSPECTED = "node-suspected"  # its node does not answer, witnesses agree; not dead
-    GROUP_REMOVED = "group-removed"  # its placement group was removed behind placectl's back
-    GROUP_UNPLACED = "group-unplaced"  # Ray reports its group neither CREATED nor REMOVED
-    DRAIN = "drain"  # its node is being drained: moved make before break
-    OTHER = "other"  # anything else (records from before causes were kept included)
-
-    @classmethod
-    def of(cls, value: str) -> Cause:
-        """The cause a record carries; one this version does not know is ``OTHER``."""
-        try:
-            return cls(value)
-        except ValueError:
-            return cls.OTHER
-
-
-NODE_LOST, NODE_SUSPECTED, GROUP_REMOVED, GROUP_UNPLACED, DRAIN, OTHER = Cause
-CAUSES = tuple(Cause)
-
-OWN_NODE = "own node"  # the slot is made again where it was
-SPARE = "spare"  # on a spare node of the same kind; without one, the autoscaler is asked
-
-
-class Response(msgspec.Struct, frozen=True):
-    """What a repair does about a broken slot of one cause."""
-
-    replace_on: str  # OWN_NODE or SPARE: where the slot is made again
-    why: str  # for people: why that is the answer
-
-
-# The one table of what each cause gets. A slot whose cause says OWN_NODE goes to a spare
-# anyway when its node no longer takes slots (it died or started draining meanwhile).
-RESPONSES: dict[Cause, Response] = {
-    NODE_LOST: Response(SPARE, "its node is gone"),
-    # Acting on a suspicion must be undoable: the slot moves (the job goes on at once),
-    # the node is kept, and comes back as free capacity if it answers again.
-    NODE_SUSPECTED: Response(SPARE, "its node does not answer: the slot moves, the node stays"),
-    GROUP_REMOVED: Response(OWN_NODE, "its node still holds the room the group had"),
-    GROUP_UNPLACED: Response(OWN_NODE, "its node is alive; the group is made again there"),
-    DRAIN: Response(SPARE, "its node is going: the slot moves before the deadline"),
-    OTHER: Response(SPARE, "nothing says its node is sound"),
-}
-
-
-class Broken(msgspec.Struct, frozen=True):
-    """One broken slot: its cause and a line for people."""
-
-    cause: Cause
-    why: str
-
-
-def legacy_cause(reason: str) -> Cause:
-    """The cause of a degraded record written before causes were kept, from its reason
-    (the wording :func:`~controller.runtime.core.groups.broken_slots` used then)."""
-    if " is dead" in reason or " dead;" in reason:
-        return NODE_LOST
-    if " was removed" in reason:
-        return GROUP_REMOVED
-    if "placement group is " in reason:
-        return GROUP_UNPLACED
-    return OTHER
-
-
 class Cordon(msgspec.Struct, frozen=True, kw_only=True):
     """One node out of placement, and why.
 
@@ -375,19 +328,7 @@ def resolve(name: str, nodes: dict[str, str], what: str = "alive") -> str:
 
 
 __all__ = [
-    "CAUSES",
-    "DRAIN",
-    "GROUP_REMOVED",
-    "GROUP_UNPLACED",
-    "NODE_LOST",
-    "NODE_SUSPECTED",
-    "OTHER",
-    "OWN_NODE",
-    "RESPONSES",
-    "SPARE",
-    "Broken",
-    "Cause",
+    "UNTIL_BACK",
     "Cordon",
-    "Response",
     "resolve",
 ]

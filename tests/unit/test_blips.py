@@ -39,14 +39,20 @@ def test_a_5s_cut_of_one_job_node_moves_its_slot_and_costs_no_node():
         ctl = await controller(fake, RULE)
         await ctl.reserve("j", spec("0-7", num_nodes=3))
         uid, cut = stored(fake, "j").uid, stored(fake, "j").slots[0].node_id
+        old_group = stored(fake, "j").slots[0].group_id
         fake.cut.add(cut)
         await until(lambda: stored(fake, "j").epoch == 2, timeout=10)  # moved at once
         assert cut not in stored(fake, "j").node_ids()
         assert cut not in {n.node_id for n in _nodes(ctl).view("GPU").nodes}  # kept out
+        # Nothing is sent to a node that is away: its old group is kept, not removed.
+        assert [(x.group_id, x.node_id) for x in stored(fake, "j").leaving] == [(old_group, cut)]
+        assert fake.groups_by_id[old_group].state == "CREATED"
         await asyncio.sleep(5.0)  # the blip lasts 5 s
         fake.cut.discard(cut)
         await _back_in_placement(ctl, cut)
         assert fake.nodes_by_id[cut].swept == [(uid, True)]  # its moved ranks ended there
+        assert fake.groups_by_id[old_group].state == "REMOVED"  # once it answered
+        await until(lambda: stored(fake, "j").leaving == [])
         assert fake.fenced == {} and fake.nodes_by_id[cut].info.alive  # no node lost
         assert _kinds(fake).count("suspected") == 1 and _kinds(fake).count("back") == 1
         assert stored(fake, "j").state == "ready"
@@ -69,6 +75,7 @@ def test_a_cut_longer_than_the_grace_is_fenced_after_it():
         fenced_after = asyncio.get_running_loop().time() - began
         assert moved_after < 2.0 and RULE.fence_grace <= fenced_after < RULE.fence_grace + 2
         assert "grace" in fake.fenced[cut]
+        await until(lambda: stored(fake, "j").leaving == [])  # dead: its kept group goes
         await ctl.stop()
 
     run(go())

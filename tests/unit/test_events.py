@@ -239,7 +239,7 @@ def test_each_queue_s_use_is_shown_beside_its_quota_and_reported():
 
 
 def test_one_table_answers_every_cause_and_a_removed_group_is_made_again_on_its_node():
-    from controller.state.records import CAUSES, OWN_NODE, RESPONSES, SPARE, Cause
+    from controller.state.causes import CAUSES, OWN_NODE, RESPONSES, SPARE, Cause
 
     assert set(RESPONSES) == set(CAUSES)
     assert {r.replace_on for r in RESPONSES.values()} <= {OWN_NODE, SPARE}

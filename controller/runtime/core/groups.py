@@ -18,15 +18,8 @@ from controller.runtime.core.demand import Demand
 from controller.runtime.core.nodes import ClusterNodes
 from controller.runtime.edge import CREATED, REMOVED, ClusterIO, GroupInfo
 from controller.state import plan
-from controller.state.records import (
-    GROUP_REMOVED,
-    GROUP_UNPLACED,
-    NODE_LOST,
-    NODE_SUSPECTED,
-    Broken,
-    ReservationRecord,
-    SlotRecord,
-)
+from controller.state.causes import GROUP_REMOVED, GROUP_UNPLACED, NODE_LOST, NODE_SUSPECTED, Broken
+from controller.state.records import ReservationRecord, SlotRecord
 from controller.state.wants import for_missing_nodes
 
 log = logging.getLogger("placectl.controller")

@@ -298,7 +298,7 @@ class Transitions:
         self, base: ReservationRecord, state: str, reason: str, cause: str = ""
     ) -> ReservationRecord:
         """A check's verdict: ready, or degraded, why (for people) and its cause (one of
-        :data:`controller.state.records.CAUSES`)."""
+        :data:`controller.state.causes.CAUSES`)."""
         return await self._commit(_replace(base, state=state, reason=reason, cause=cause), base)
 
     async def explained(self, base: ReservationRecord, reason: str) -> ReservationRecord:

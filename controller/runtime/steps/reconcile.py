@@ -215,11 +215,13 @@ class Reconciler:
             self._repairer.retry_now()  # a spare may have arrived: try at once
             self._holder.retry_now()
         draining, now = set(self._nodes.draining), core.wall()
+        away = set(self._nodes.in_doubt())
         answers = self._answers()
         for job, res in list(self._state.records.items()):
             if self._stewards.busy(job) or self._reserver.in_progress(job):
                 continue
-            for finding in findings(res, draining, self._nodes, now, self._holder.due(res)):
+            due = self._holder.due(res)
+            for finding in findings(res, draining, self._nodes, now, due, away):
                 answers[finding](job)
 
     def _answers(self) -> dict[Finding, Callable[[str], None]]:
@@ -292,7 +294,9 @@ class Reconciler:
             for slot in (*res.slots, *res.spares):
                 held[slot.node_id] = held.get(slot.node_id, 0) + len(slot.bundles)
         budget = self.settings.warm_budget
-        for node_id in sorted(self._nodes.alive_ids(), key=lambda n: self._warmed.get(n, 0.0)):
+        doubted = set(self._nodes.in_doubt())  # a task there would wait on its silence
+        alive = self._nodes.alive_ids() - doubted
+        for node_id in sorted(alive, key=lambda n: self._warmed.get(n, 0.0)):
             if budget == 0 or now - self._warmed.get(node_id, -period) < period:
                 break
             info = self._nodes.info(node_id)
@@ -306,9 +310,9 @@ class Reconciler:
 class Finding(enum.StrEnum):
     """What a pass of the loop finds a reservation asks for. Each has one answer
     (:meth:`Reconciler._answers`); a broken slot's cause, recorded by the check, says
-    where the repair puts it (``controller.state.records.RESPONSES``)."""
+    where the repair puts it (``controller.state.causes.RESPONSES``)."""
 
-    LEAVING_DUE = "leaving-due"  # an old slot on a drained node: its time is up, or the node gone
+    LEAVING_DUE = "leaving-due"  # an old slot whose time is up, its node gone or back
     INTENT_LEFT = "intent-left"  # an apply's intent its apply could not clear
     BROKEN = "broken"  # recorded degraded, with automatic repair
     ON_DRAINING = "on-draining"  # ready, with a slot on a draining node
@@ -320,13 +324,19 @@ LEAVING_DUE, INTENT_LEFT, BROKEN, ON_DRAINING, SPARES_DUE, CUT_SHORT = Finding
 
 
 def findings(
-    res: ReservationRecord, draining: set[str], nodes: Container[str], now: float, spares_due: bool
+    res: ReservationRecord,
+    draining: set[str],
+    nodes: Container[str],
+    now: float,
+    spares_due: bool,
+    away: Container[str] = frozenset(),
 ) -> list[Finding]:
     """What ``res`` asks for now, given the draining nodes, the nodes alive (``nodes``),
-    the wall clock and whether its held spares are due (the holder's word): old slots
-    to drop, then at most one of the others, the first that holds, in this order."""
+    the wall clock, whether its held spares are due (the holder's word) and the nodes in
+    doubt (``away``): old slots to drop, then at most one of the others, the first that
+    holds, in this order."""
     out = []
-    if any(x.remove_at <= now or x.node_id not in nodes for x in res.leaving):
+    if any(x.due(now, nodes, away) for x in res.leaving):
         out.append(LEAVING_DUE)
     if res.applying is not None:
         out.append(INTENT_LEFT)

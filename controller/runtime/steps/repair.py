@@ -31,6 +31,7 @@ from controller.state.records import (
     DEGRADED,
     MANUAL,
     READY,
+    UNTIL_BACK,
     LeavingGroup,
     ReservationRecord,
 )
@@ -164,10 +165,9 @@ class Repairer:
 
         async def step() -> None:
             res, now = self._state.get(job), core.wall()
+            away = set(self._nodes.in_doubt())
             due = [
-                x
-                for x in (res.leaving if res is not None else [])
-                if x.remove_at <= now or x.node_id not in self._nodes
+                x for x in (res.leaving if res is not None else []) if x.due(now, self._nodes, away)
             ]
             if not due:
                 return
@@ -181,6 +181,23 @@ class Repairer:
                 log.warning("removing the groups %r left on draining nodes: %s", job, e)
 
         await self._stewards.run(job, Trigger.DROP_LEAVING, step)
+
+    def _keep_while_away(
+        self, old: ReservationRecord, new: ReservationRecord, stale: set[str]
+    ) -> tuple[ReservationRecord, set[str]]:
+        """``new`` keeping, as leaving until their node answers again or is gone, the old
+        groups of slots that moved off a suspect (:class:`LeavingGroup`: nothing is sent
+        to a node that is away); the stale groups left to remove now."""
+        away = self._nodes.suspected()
+        kept = [
+            LeavingGroup(group_id=s.group_id, node_id=s.node_id, remove_at=UNTIL_BACK)
+            for s in old.slots
+            if s.group_id in stale and s.node_id in away
+        ]
+        if not kept:
+            return new, stale
+        new = msgspec.structs.replace(new, leaving=[*new.leaving, *kept])
+        return new, stale - {x.group_id for x in kept}
 
     def _moved_off_doubt(self, old: ReservationRecord, new: ReservationRecord) -> None:
         """Tell the node view which nodes in doubt ``old``'s slots left: what its ranks
@@ -214,6 +231,7 @@ class Repairer:
                     new, why, stale, want = await self._replacer.replace(res, holds)
                     await self._demand.want(f"spare/{job}", want)
                     if new is not None:
+                        new, stale = self._keep_while_away(res, new, stale)
                         plan = (await self._state.plan(job)).plan
                         previous = await self._state.published(job)
                         published = publish(new, plan, previous=previous)

@@ -24,7 +24,8 @@ from controller.runtime.core.context import Context
 from controller.runtime.edge import CREATED
 from controller.runtime.steps.leasing import Leaser
 from controller.state import spares
-from controller.state.records import DRAIN, OWN_NODE, READY, RESPONSES, ReservationRecord
+from controller.state.causes import DRAIN, OWN_NODE, RESPONSES
+from controller.state.records import READY, ReservationRecord
 from controller.state.wants import Want, for_spare
 
 log = logging.getLogger("placectl.controller")
@@ -79,7 +80,7 @@ class Replacer:
         who = f"{'move' if draining is not None else 'repair'}/{res.job}"
         free = self._claims.free(await self._io.free_resources(), but=who)
         taken = {s.node_id for i, s in enumerate(res.slots) if i not in broken}
-        # Where each goes is its cause's (controller.state.records.RESPONSES). A lost
+        # Where each goes is its cause's (controller.state.causes.RESPONSES). A lost
         # node's slots (several after an apply grew it) move together, as one slot on
         # one spare.
         parts: list[tuple[Any, list[int]]] = []

@@ -2,15 +2,16 @@
 ended, then it is free for placement again, with the same raylet.
 
 While a node was in doubt (:mod:`controller.runtime.core.doubts`), its reservations'
-slots moved to other nodes and their old groups were removed. Ray removes a group at
-once in its GCS, but the node's raylet hears of it only when the GCS reaches it again:
-measured on hosts in network namespaces (Ray 2.60), after an 8 s cut the old ranks ended
-6.6 s after the heal; after a 30 s cut, 28 s after it (the GCS's connection to the raylet
-waits out its reconnect backoff), their GPUs held all the while. A task on the node
-reaches it within about 3 s of the heal. So when a node with such ranks (``owed``)
-answers the controller again (``back``), one task on it ends every process of those
-reservations there, Ray's workers included, read from the node's own process table; the
-node is then swept (``swept``) and healthy.
+slots moved to other nodes; their old groups were kept, untouched, while the node was
+away (:class:`controller.state.records.LeavingGroup`). Ray's GCS reaches a node's raylet
+again only after its connection's backoff: measured on hosts in network namespaces (Ray
+2.60), a group removed during an 8 s cut had its ranks ended 6.6 s after the heal; one
+removed during or right after a 30 s cut, 28 s after it, its GPUs held all the while. A
+task on the node reaches it within about 3 s of the heal. So when a node with such ranks
+(``owed``) answers the controller again (``back``), its kept groups are removed, and one
+task on it ends every process of those reservations there, Ray's workers included, read
+from the node's own process table; the node is then swept (``swept``) and healthy. Ray
+frees the groups' resources there when its GCS reaches the node.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import asyncio
 import logging
 
 from controller.runtime import core
-from controller.runtime.core import doubts
+from controller.runtime.core import doubts, groups
 from controller.runtime.core.context import Context
 from controller.runtime.core.inbox import Fact, Kind, Source
 from controller.state import events as ev
+from controller.state.records import UNTIL_BACK
 
 log = logging.getLogger("placectl.controller")
 
@@ -43,11 +45,20 @@ class Returning:
                 self._tasks.start("back", node, self._end_owed(node, record))
 
     async def _end_owed(self, node: str, record: doubts.NodeRecord) -> None:
-        """End every process of the reservations ``record.owed`` on ``node``, Ray's
-        workers included, then say the node is swept."""
+        """Remove the old groups kept on ``node`` while it was away (Ray ends their
+        workers, and can no longer restart an actor into them), end every process of the
+        reservations ``record.owed`` there, Ray's workers included, then say the node is
+        swept."""
         started = core.now()
         ended: list[str] = []
+        kept = {
+            x.group_id
+            for res in self._state.records.values()
+            for x in res.leaving
+            if x.node_id == node and x.remove_at == UNTIL_BACK
+        }
         try:
+            await groups.remove_verified(self._io, kept, self.settings.removal_timeout)
             for uid in sorted(record.owed):
                 ended += await asyncio.wait_for(
                     self._io.end_leftovers(node, uid, ray_workers=True),
