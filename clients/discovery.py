@@ -15,7 +15,6 @@ def running_cluster_view(accelerator: str = "GPU") -> ClusterView | None:
             ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError):
             return None
-    from controller.runtime.core.nodes import live_view
-    from controller.runtime.edge.ray_io import node_infos
+    from controller.surface import node_view
 
-    return live_view(node_infos(), accelerator)
+    return node_view(accelerator)

@@ -8,9 +8,8 @@ from collections.abc import Callable
 
 import ray
 
-from controller.runtime.edge import ray_gcs
-from controller.runtime.edge.ray_gcs import gcs_unavailable
 from controller.state.table import KV_NAMESPACE, kv_prefix
+from controller.surface import gcs_retry, gcs_unavailable
 
 
 class RayTable:
@@ -19,7 +18,7 @@ class RayTable:
     object with these three methods (``clients.testing.fake_table.DriverTable``).
 
     While the GCS is away (the head restarting) every read waits for it, saying so on
-    ``say`` (default stderr), up to :func:`controller.runtime.edge.ray_gcs.bound_s`; then it
+    ``say`` (default stderr), up to :func:`controller.surface.gcs_bound_s`; then it
     raises :class:`~controller.errors.ClusterUnavailable`.
     """
 
@@ -34,7 +33,7 @@ class RayTable:
 
     def get(self, k: bytes) -> bytes | None:
         full = self._prefix + k
-        return ray_gcs.retry(
+        return gcs_retry(
             lambda t: self._gcs().internal_kv_get(full, self._ns, timeout=t),
             "reading the reservation table",
             self._say,
@@ -43,7 +42,7 @@ class RayTable:
 
     def keys(self, prefix: bytes) -> list[bytes]:
         full = self._prefix + prefix
-        found = ray_gcs.retry(
+        found = gcs_retry(
             lambda t: self._gcs().internal_kv_keys(full, self._ns, timeout=t),
             "reading the reservation table",
             self._say,
@@ -59,7 +58,7 @@ class RayTable:
         from ray._raylet import NodeID
 
         wanted = [NodeID.from_hex(n) for n in node_ids]
-        alive = ray_gcs.retry(
+        alive = gcs_retry(
             lambda t: self._gcs().check_alive(wanted, t),
             "asking which nodes are alive",
             self._say,

@@ -21,8 +21,8 @@ from clients.launching import (
 from clients.standby import Standbys, key_of, promote_here, standby_name
 from clients.verdict import actor_dead
 from controller import PlacementError
-from controller.runtime.edge.node_tasks import TAG, new_tag
 from controller.state.assignments import Assignment
+from controller.surface import TAG, new_tag
 
 
 class Launch:

@@ -24,7 +24,6 @@ from controller.errors import (
     TableUnreadable,
     UnknownReservation,
 )
-from controller.runtime.edge import HEAD_RESOURCE
 from controller.state.published import ComponentBlock, ReservationInfo
 from controller.state.records import AUTO, ReservationRecord
 from controller.state.requests import Everyone, JobOf, NodesOf, Owned, Reserve, check_job
@@ -37,6 +36,7 @@ from controller.state.table import (
     decode,
     key,
 )
+from controller.surface import HEAD_RESOURCE
 
 _INFO = msgspec.msgpack.Decoder(ReservationInfo)
 _INFOS = msgspec.msgpack.Decoder(list[ReservationInfo])
@@ -76,7 +76,7 @@ def connect(
         SettingsError: ``settings`` names an unknown setting or a value it does not take.
     """
     check_ray_version(ray.__version__)
-    from controller.runtime.core.settings import by_name
+    from controller.surface import settings_by_name as by_name
 
     carried = by_name(settings or {})
     if not ray.is_initialized():
@@ -96,7 +96,7 @@ def connect(
                 f"no placectl controller named {name!r} in namespace {namespace!r}; start one "
                 "with `placectl start` or connect(start=True)"
             ) from None
-        from controller.runtime.controller import PlacementController
+        from controller.surface import PlacementController
 
         handle = (
             ray.remote(PlacementController)

@@ -1,5 +1,5 @@
 """Ending what a stopped rank left on its node before its slot is used again (what is
-left, and how it is found: :mod:`controller.runtime.edge.node_tasks`).
+left, and how it is found: :func:`controller.surface.end_tagged`).
 
 When a worker is stopped (relaunched by ``repair()``, ``restart()``, a move,
 ``shutdown()``), placectl runs one task on the worker's node that ends every process
@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from controller.runtime.edge.node_tasks import Ended, end_tagged
+from controller.surface import Ended, end_tagged
 
 SWEEP_TIMEOUT_S = 15.0
 

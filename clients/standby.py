@@ -27,9 +27,9 @@ from typing import Any
 import ray
 
 from clients.launching import WORKER_NAMESPACE
-from controller.runtime.edge.node_tasks import new_tag
 from controller.state.assignments import Assignment
 from controller.state.spares import STANDBY
+from controller.surface import new_tag
 
 Key = tuple[str, int]  # (placement group id, bundle index)
 

@@ -10,7 +10,7 @@ Meanwhile there is evidence on two levels, and :func:`settle` reads both:
   witnesses (the job's slot there moves: ``suspected``, then ``moved``) and fences a
   node whose death is proven (``dead``);
 * the **rank**: whether its worker process answers a health check
-  (:mod:`controller.runtime.edge.answers`).
+  (:func:`controller.surface.answers`).
 
 A rank's verdict is final when Ray reports it dead; when its node's is ``moved`` (its
 slot left the node: it is lost, and relaunched where the slot went); when it answers on
@@ -45,9 +45,9 @@ from typing import Any
 import ray
 
 from controller.errors import UndecidedNodes
-from controller.runtime.edge.answers import DENIED, DOUBT_WAYS, OK, REFUSED, answers
 from controller.state import verdicts as vd
 from controller.state.verdicts import ALIVE, DEAD, GONE, MOVED
+from controller.surface import DENIED, DOUBT_WAYS, OK, REFUSED, answers
 
 ANSWER_TIMEOUT_S = 1.0
 _told_denied: set[str] = set()  # the refusals this process has reported already

@@ -118,7 +118,7 @@ def connect(address: str, start: bool = False, settings: dict[str, str] | None =
     import ray
 
     import clients
-    from controller.runtime.core.settings import by_name
+    from controller.surface import settings_by_name as by_name
 
     by_name(settings or {})  # a bad --set fails before any cluster is reached
     root = click.get_current_context().find_root().params

@@ -30,10 +30,10 @@ from controller.runtime.edge import (
     RESCHEDULING,
     DeviceInfo,
     GroupInfo,
-    KeptMetrics,
     NodeEvent,
     NodeInfo,
 )
+from controller.runtime.edge.metrics import KeptMetrics
 
 
 class Latency:
@@ -46,12 +46,14 @@ class Latency:
         group_place: float = 0.0,
         probe: float = 0.0,
         per_node_read: float = 0.0,
+        notice: float = 0.0,
     ):
         self.gcs_rtt = gcs_rtt  # one key-value or table round trip
         self.group_create = group_create  # the GCS schedules groups one at a time
         self.group_place = group_place  # from created to ready
         self.probe = probe  # one probe task in a bundle
         self.per_node_read = per_node_read  # added per node to a whole-cluster read
+        self.notice = notice  # from a node's death to Ray's event of it (scenarios wait it)
 
 
 class FakeCluster(FakeNetwork, FakeStore):

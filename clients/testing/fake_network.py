@@ -76,7 +76,7 @@ class FakeNetwork:
             return False
         return self._side(a) == self._side(b)
 
-    def keep_witnesses(self, node_ids: list[str]) -> None:
+    def keep_witnesses(self, node_ids: list[str], away: set[str] = frozenset()) -> None:
         self.kept_witnesses = list(node_ids)
 
     def _seen_from(self, where: str, addresses, ways: int | dict = 1) -> dict[str, str]:

@@ -1,10 +1,16 @@
-"""A local Ray cluster whose head can be restarted: Ray's GCS fault tolerance on a Redis
-server of its own.
+"""A local Ray cluster whose head can be restarted: Ray's GCS fault tolerance on a store
+of its own, either of the two Ray 2.60 has:
 
-Used by the head-restart tests, ``scripts/bench/bench_head.py`` and ``scripts/chaos/chaos.py``. The
-Redis server binds to 127.0.0.1 on a free port, keeps nothing on disk, and is stopped by
-its pid. The head's GCS listens on a fixed port so that the worker raylets, the workers
-and the drivers find the new GCS where the old one was.
+* :class:`RedisServer`: an external Redis (``RAY_REDIS_ADDRESS``), the store a head that
+  moves to another machine needs. The server binds to 127.0.0.1 on a free port, keeps
+  nothing on disk, and is stopped by its pid.
+* :class:`RocksStore`: the GCS's embedded RocksDB (``RAY_gcs_storage=rocksdb``, its files
+  in ``RAY_gcs_storage_path``), for a head that restarts in place: no server to run, the
+  tables on the head's own disk.
+
+Used by the head-restart tests, ``scripts/bench/bench_head.py`` and
+``scripts/chaos/chaos.py``. The head's GCS listens on a fixed port so that the worker
+raylets, the workers and the drivers find the new GCS where the old one was.
 
 Two faults, as a real head has them:
 
@@ -78,6 +84,10 @@ class RedisServer:
         except OSError:
             return False
 
+    def env(self) -> dict[str, str]:
+        """What the head's processes are given to keep their tables here."""
+        return {"RAY_REDIS_ADDRESS": self.address}
+
     def stop(self) -> None:
         if self._proc.poll() is None:
             os.kill(self._proc.pid, signal.SIGTERM)
@@ -89,19 +99,40 @@ class RedisServer:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
+class RocksStore:
+    """The GCS's embedded RocksDB store in a directory of its own (removed by ``stop``):
+    a new GCS, or a new head node on the same machine, given the same path finds the
+    tables the old one kept."""
+
+    name = "rocksdb"
+
+    def __init__(self) -> None:
+        self.path = tempfile.mkdtemp(prefix="placectl-gcs-rocksdb-")
+
+    def env(self) -> dict[str, str]:
+        return {"RAY_gcs_storage": "rocksdb", "RAY_gcs_storage_path": self.path}
+
+    def stop(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+RedisServer.name = "redis"
+STORES = {"redis": RedisServer, "rocksdb": RocksStore}
+
+
 class FaultTolerantCluster(Cluster):
-    """``ray.cluster_utils.Cluster`` with GCS fault tolerance on ``redis``.
+    """``ray.cluster_utils.Cluster`` with GCS fault tolerance on ``store``.
 
     Args:
-        redis: the store of the GCS's tables.
+        store: where the GCS keeps its tables (:class:`RedisServer`, :class:`RocksStore`).
         head_args: arguments of the head node (a fixed ``gcs_server_port`` is added;
             Ray's dashboard is off unless they say, as in ``local_cluster``).
     """
 
-    def __init__(self, redis: RedisServer, head_args: dict | None = None) -> None:
-        self.redis = redis
-        # Every process this one starts (GCS, raylets, workers) inherits the address.
-        os.environ["RAY_REDIS_ADDRESS"] = redis.address
+    def __init__(self, store: RedisServer | RocksStore, head_args: dict | None = None) -> None:
+        self.store = store
+        # Every process this one starts (GCS, raylets, workers) inherits the settings.
+        os.environ.update(store.env())
         self.head_args = {
             "include_dashboard": False,
             **(head_args or {}),
@@ -166,18 +197,20 @@ class FaultTolerantCluster(Cluster):
         try:
             super().shutdown()
         finally:
-            os.environ.pop("RAY_REDIS_ADDRESS", None)
+            for k in self.store.env():
+                os.environ.pop(k, None)
 
 
 @contextlib.contextmanager
-def restartable_cluster(gpu_nodes: int = 3, gpus: int = 4):
-    """A Redis server, a head without GPUs on it and ``gpu_nodes`` nodes of ``gpus`` fake
-    GPUs and as many CPUs, with this process connected; all stopped on exit."""
+def restartable_cluster(gpu_nodes: int = 3, gpus: int = 4, store: str = "redis"):
+    """A store for the GCS (``redis`` or ``rocksdb``), a head without GPUs on it and
+    ``gpu_nodes`` nodes of ``gpus`` fake GPUs and as many CPUs, with this process
+    connected; all stopped on exit."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault(TEST_HOOKS, "1")  # a controller here answers the tests' hooks
-    redis = RedisServer()
+    kept = STORES[store]()
     try:
-        c = FaultTolerantCluster(redis, {"num_cpus": 2, "num_gpus": 0})
+        c = FaultTolerantCluster(kept, {"num_cpus": 2, "num_gpus": 0})
         try:
             for _ in range(gpu_nodes):
                 c.add_node(num_cpus=gpus, num_gpus=gpus)
@@ -188,4 +221,4 @@ def restartable_cluster(gpu_nodes: int = 3, gpus: int = 4):
             ray.shutdown()
             c.shutdown()
     finally:
-        redis.stop()
+        kept.stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import msgspec
 
 from controller.errors import PlacementError
@@ -10,7 +12,7 @@ from controller.planning.topology import Topology, topology_of, topology_order
 NODE_RANK_LABEL = "placectl.io/node-rank"
 
 
-class NodeView(msgspec.Struct, kw_only=True, frozen=True):
+class NodeView(msgspec.Struct, kw_only=True, frozen=True, dict=True):
     """One node as the planner sees it.
 
     Attributes:
@@ -42,9 +44,10 @@ class NodeView(msgspec.Struct, kw_only=True, frozen=True):
                     f"NodeView resource {name!r}={amount!r}: expected a non-negative number"
                 )
 
-    @property
+    @functools.cached_property
     def topology(self) -> Topology:
-        """Its NVLink domain, rack and topology rank, as its labels and resources say."""
+        """Its NVLink domain, rack and topology rank, as its labels and resources say
+        (read once: a repair compares every candidate's with the lost node's)."""
         return topology_of(self.labels, self.resources)
 
     def units(self, resource: str) -> int:

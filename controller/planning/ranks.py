@@ -1,6 +1,6 @@
 """The rank grammar: ``resource_ranks[:process_ranks]`` strings and rank lists.
 
-The grammar (PLACEMENT_SPEC.md)::
+The grammar (the configuration reference, ``docs/reference/configuration.md``)::
 
     placement := segment ("," segment)*
     segment   := resources [":" processes]
@@ -263,7 +263,7 @@ def expand_placement(
         ``procs[rank]``: the resource ranks of each process, in rank order.
 
     Raises:
-        PlacementStringError: a rule of PLACEMENT_SPEC.md is broken; the message quotes
+        PlacementStringError: a rule of the placement string is broken; the message quotes
             the string and the offending segment.
     """
     total = len(unit_node)

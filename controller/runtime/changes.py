@@ -22,8 +22,8 @@ import msgspec
 
 from controller.errors import NotOwner, ReservationError
 from controller.runtime import core
+from controller.runtime.core.history import acting_as, client
 from controller.runtime.core.inbox import Source
-from controller.runtime.core.store import acting_as, client
 from controller.runtime.reads import status_bytes
 from controller.runtime.steps import Operations
 from controller.state.change import Caller, check_owner, owner_hash, owns

@@ -38,9 +38,10 @@ from controller.runtime import core
 from controller.runtime.changes import ChangeCalls, NodeCalls, QueueCalls
 from controller.runtime.core import Tasks
 from controller.runtime.core.context import FAULT_STEPS, Context, Incarnation, SimulatedCrash
+from controller.runtime.core.history import History
 from controller.runtime.core.settings import Settings, from_environ
 from controller.runtime.core.state import ReservationState
-from controller.runtime.core.store import History, Store
+from controller.runtime.core.store import Store
 from controller.runtime.edge import ClusterIO
 from controller.runtime.reads import DiagnosticCalls, ReadCalls, Readiness
 from controller.runtime.steps import Operations

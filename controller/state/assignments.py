@@ -10,6 +10,7 @@ from controller.errors import PlacementError
 from controller.planning.colocation import floor_share
 from controller.planning.node_groups import ACCELERATOR, HARDWARE
 from controller.planning.placement import Placement
+from controller.state import scheduling
 from controller.state.environment import (
     check_user_env,
     group_env,
@@ -69,20 +70,7 @@ class Assignment(msgspec.Struct, kw_only=True, frozen=True):
         return env
 
     def _strategy(self, bundle_index: int, capture: bool) -> Any:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from controller.runtime.edge.ray_io import group_handle
-
-        return PlacementGroupSchedulingStrategy(
-            placement_group=group_handle(self.placement_group_id),
-            placement_group_bundle_index=bundle_index,
-            placement_group_capture_child_tasks=capture,
-        )
-
-    def _request(self, share: float) -> dict[str, Any]:
-        if self.accelerator == "GPU":
-            return {"num_gpus": share}
-        return {"num_gpus": 0, "resources": {self.accelerator: share}} if share else {}
+        return scheduling.strategy(self.placement_group_id, bundle_index, capture)
 
     def actor_options(self) -> dict[str, Any]:
         """Keyword arguments for ``Actor.options(**...)`` that start the process here."""

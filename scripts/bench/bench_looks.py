@@ -14,7 +14,7 @@ processes on the head look at the worker's raylet every ``liveness_period`` with
 * a number N: N connections at every look.
 
 For each: the share of looks that came back silent, the longest silence, and the
-silences that lasted ``fence_after`` (counted as the sweep counts them: from the start of
+silences that lasted ``suspect_after`` (counted as the sweep counts them: from the start of
 the first silent look to the end of a later one). Each of those is a fence the
 witnesses alone stand between; placectl's rule wants none.
 
@@ -100,7 +100,7 @@ def main() -> None:
     for mode, seen in looks.items():
         silent = [look for look in seen if look["answer"] != "ok"]
         lengths = spells(seen)
-        fenced = [s for s in lengths if s >= RULE.fence_after]
+        fenced = [s for s in lengths if s >= RULE.suspect_after]
         name = f"{mode}: silences"
         results.add(
             name,
@@ -108,14 +108,14 @@ def main() -> None:
             looks=len(seen),
             silent_looks=len(silent),
             silent_share=len(silent) / max(len(seen), 1),
-            silences_past_fence_after=len(fenced),
+            silences_past_suspect_after=len(fenced),
             baseline="one: silences" if mode == "placectl" else None,
         )
         print(
             f"{mode:>9}: {len(seen)} looks, {len(silent)} silent "
             f"({len(silent) / max(len(seen), 1):.1%}), longest silence "
             f"{max(lengths, default=0.0):.1f}s, {len(fenced)} silence(s) of "
-            f"{RULE.fence_after:g}s or more"
+            f"{RULE.suspect_after:g}s or more"
         )
     results.write()
 

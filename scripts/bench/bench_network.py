@@ -1,27 +1,29 @@
 #!/usr/bin/env python3
 """Network faults on real hosts, placectl beside Ray alone in one run.
 
-A Ray cluster of four hosts in network namespaces (clients.testing.hosts; Ray's default
-health checks): head on 192.0.2.1, three worker hosts of 2 fake GPUs. Each side gets a
+A Ray cluster of five hosts in network namespaces (clients.testing.hosts; Ray's default
+health checks): head on 192.0.2.1, four worker hosts of 2 fake GPUs. Each side gets a
 fresh cluster per scenario and a driver on the head:
 
-* **placectl**: the job of tests/integration/data/network.yaml (4 GPUs on the first two
-  worker hosts, the third spare), a WorkerGroup of 4 ranks, ``repair()`` called the
-  instant the fault is put on;
+* **placectl**: the job of tests/integration/data/network.yaml (4 GPUs on two worker
+  hosts, two free), a WorkerGroup of 4 ranks, ``repair()`` called the instant the fault
+  is put on;
 * **Ray alone**: one plain actor pinned on each worker host, nothing else.
 
 Scenarios:
 
-* ``cut``: the first worker host cut off both ways. placectl: seconds until
-  ``repair()`` returns with its ranks relaunched on the spare; Ray alone: seconds until
-  Ray's node table calls the host dead.
-* ``head``: the head's own link down for 5, 10 and 20 s, then back; 15 s later, the
-  nodes Ray calls dead and the ranks (actors) that are not the same processes.
-* ``loss``: 30% of packets lost both ways on the first worker host for 60 s: fences
-  (placectl) and nodes lost, and ranks that changed.
+* ``cut``: a job host cut off for good. placectl: seconds until ``repair()`` returns
+  (its ranks relaunched elsewhere) and until the host is fenced (its grace); Ray alone:
+  seconds until Ray's node table calls the host dead.
+* ``refused``: a job host's raylet killed, the host up (its port refused). placectl:
+  seconds until ``repair()`` returns; Ray alone: until Ray calls the host dead.
+* ``blips``: every shape of blip for ``--blip`` seconds (default 5), one after another on
+  one cluster: a job host cut off, the job's hosts split from the head's side, the head's
+  side split from the job's hosts, the head's own link, a lossy link (30%); after each,
+  the nodes lost (dead in Ray's table) and the ranks whose process changed.
 
-Needs root and iproute2. Usage: scripts/bench/bench_network.py [--scenarios cut,head,loss]
-[--blips 5,10,20] [--json PATH]
+Needs root, iproute2 and iptables. Usage: scripts/bench/bench_network.py
+[--scenarios cut,refused,blips] [--blip 5] [--json PATH]
 """
 
 from __future__ import annotations
@@ -45,12 +47,20 @@ def _pids(driver: Driver) -> list:
     return [r and r["pid"] for r in driver.ask("where")["ranks"]]
 
 
-def _dead_nodes(driver: Driver) -> int:
-    return sum(not n["alive"] for n in driver.ask("nodes")["nodes"])
+def _dead(driver: Driver) -> list[str]:
+    return [n["ip"] for n in driver.ask("nodes", timeout=120)["nodes"] if not n["alive"]]
+
+
+def _job_hosts(hosts, driver: Driver, mode: str) -> list[int]:
+    """The job's two hosts (placectl: where its ranks run; Ray alone: the first two)."""
+    if mode != "placectl":
+        return [1, 2]
+    ips = {r["ip"] for r in driver.ask("where")["ranks"] if r}
+    return [h.index for h in hosts.hosts if h.ip in ips]
 
 
 def _side(mode: str, run) -> dict:
-    with harness.Hosts(workers=3, gpus=2, cpus=2) as hosts:
+    with harness.Hosts(workers=4, gpus=2, cpus=2) as hosts:
         driver = Driver(hosts, mode=mode, config=CONFIG if mode == "placectl" else None)
         try:
             return run(hosts, driver)
@@ -58,63 +68,86 @@ def _side(mode: str, run) -> dict:
             driver.close()
 
 
+def _until_dead(driver: Driver, started: float, limit: float = 300.0) -> float:
+    while time.monotonic() - started < limit:
+        if _dead(driver):
+            return time.monotonic() - started
+        time.sleep(0.5)
+    return float("nan")
+
+
 def cut(mode: str) -> dict:
     def run(hosts, driver):
+        victim = _job_hosts(hosts, driver, mode)[0]
         started = time.monotonic()
-        hosts.cut(1)
-        if mode == "placectl":
-            got = driver.ask("repair", timeout=180)
-            return {"seconds": time.monotonic() - started, "lost": got["lost"]}
-        while time.monotonic() - started < 300:  # Ray's verdict: the node table
-            if _dead_nodes(driver):
-                return {"seconds": time.monotonic() - started}
+        hosts.cut(victim)
+        if mode != "placectl":
+            return {"dead": _until_dead(driver, started)}
+        got = driver.ask("repair", timeout=180)
+        repaired = time.monotonic() - started
+        while not driver.ask("health")["fenced"] and time.monotonic() - started < 300:
             time.sleep(0.5)
-        return {"seconds": float("nan")}
+        return {"repair": repaired, "lost": got["lost"], "fenced": time.monotonic() - started}
 
     return _side(mode, run)
 
 
-def head(mode: str, blips: list[float]) -> list[dict]:
+def refused(mode: str) -> dict:
+    def run(hosts, driver):
+        victim = _job_hosts(hosts, driver, mode)[0]
+        started = time.monotonic()
+        hosts.kill_raylet(victim)
+        if mode != "placectl":
+            return {"dead": _until_dead(driver, started)}
+        got = driver.ask("repair", timeout=180)
+        return {"repair": time.monotonic() - started, "lost": got["lost"]}
+
+    return _side(mode, run)
+
+
+SHAPES = {
+    "a job host cut off": lambda h, job, idle: h.cut(job[0]),
+    "the job's hosts split from the head's side": lambda h, job, idle: h.split(job, [0, *idle]),
+    "the head's side split from the job's": lambda h, job, idle: h.split(
+        [0, idle[0]], [*job, idle[1]]
+    ),
+    "the head's own link down": lambda h, job, idle: h.cut(0),
+    "a lossy link (30%)": lambda h, job, idle: h.degrade(job[0], loss=0.3),
+}
+
+
+def blips(mode: str, seconds: float) -> list[dict]:
     def run(hosts, driver):
         out = []
-        for seconds in blips:
+        for shape, fault in SHAPES.items():
+            time.sleep(30)  # Ray's GCS reaches a healed host only after its backoff
+            for h in hosts.hosts[1:]:  # a host Ray gave up on is rebooted for the next
+                if h.ip in _dead(driver):
+                    hosts.restart(h)
             before = _pids(driver)
-            hosts.cut(0)
+            job = _job_hosts(hosts, driver, mode)
+            idle = [h.index for h in hosts.hosts[1:] if h.index not in job]
+            fault(hosts, job, idle)
             if mode == "placectl":
                 driver.send("repair")
             time.sleep(seconds)
-            hosts.heal(0)
+            hosts.heal_all()
             if mode == "placectl":
-                driver.wait("repair", 180)
+                driver.wait("repair", 240)
             time.sleep(15)
             after = _pids(driver)
             changed = sum(a != b for a, b in zip(before, after, strict=True))
-            out.append({"blip": seconds, "nodes_lost": _dead_nodes(driver), "ranks": changed})
-            print(f"  {mode}: head down {seconds:g}s -> {out[-1]}", flush=True)
+            out.append({"shape": shape, "nodes_lost": len(_dead(driver)), "ranks": changed})
+            print(f"  {mode}: {shape}, {seconds:g}s -> {out[-1]}", flush=True)
         return out
-
-    return _side(mode, run)
-
-
-def loss(mode: str, seconds: float = 60.0) -> dict:
-    def run(hosts, driver):
-        before = _pids(driver)
-        hosts.degrade(1, loss=0.3)
-        time.sleep(seconds)
-        hosts.heal(1)
-        time.sleep(5)
-        after = _pids(driver)
-        fenced = len(driver.ask("health")["fenced"]) if mode == "placectl" else 0
-        changed = sum(a != b for a, b in zip(before, after, strict=True))
-        return {"fenced": fenced, "nodes_lost": _dead_nodes(driver), "ranks": changed}
 
     return _side(mode, run)
 
 
 def main() -> None:
     ap = parser(__doc__)
-    ap.add_argument("--scenarios", default="cut,head,loss")
-    ap.add_argument("--blips", default="5,10,20", help="seconds the head's link is down")
+    ap.add_argument("--scenarios", default="cut,refused,blips")
+    ap.add_argument("--blip", type=float, default=5.0, help="seconds each blip lasts")
     args = ap.parse_args()
     why = harness.unavailable()
     if why is not None:
@@ -123,31 +156,27 @@ def main() -> None:
     wanted = args.scenarios.split(",")
     if "cut" in wanted:
         ray_alone, placectl = cut("plain"), cut("placectl")
-        res.add("cut host: Ray alone calls it dead", [ray_alone["seconds"]])
-        res.add(
-            "cut host: placectl repair() returns",
-            [placectl["seconds"]],
-            baseline="cut host: Ray alone calls it dead",
-            lost=placectl["lost"],
-        )
-        print(f"cut: Ray alone {ray_alone['seconds']:.1f}s, placectl {placectl['seconds']:.1f}s")
-    if "head" in wanted:
-        blips = [float(x) for x in args.blips.split(",")]
+        res.add("cut host: Ray alone calls it dead", [ray_alone["dead"]])
+        res.add("cut host: placectl repair() returns", [placectl["repair"]],
+                baseline="cut host: Ray alone calls it dead", lost=placectl["lost"])  # fmt: skip
+        res.add("cut host: placectl fences it (its grace)", [placectl["fenced"]],
+                baseline="cut host: Ray alone calls it dead")  # fmt: skip
+        print(f"cut: Ray alone dead after {ray_alone['dead']:.1f}s; placectl repair() "
+              f"{placectl['repair']:.1f}s, fenced {placectl['fenced']:.1f}s")  # fmt: skip
+    if "refused" in wanted:
+        ray_alone, placectl = refused("plain"), refused("placectl")
+        res.add("refused raylet: Ray alone calls it dead", [ray_alone["dead"]])
+        base = "refused raylet: Ray alone calls it dead"
+        res.add("refused raylet: placectl repair() returns", [placectl["repair"]],
+                baseline=base, lost=placectl["lost"])  # fmt: skip
+        print(f"refused: Ray alone dead after {ray_alone['dead']:.1f}s; placectl repair() "
+              f"{placectl['repair']:.1f}s")  # fmt: skip
+    if "blips" in wanted:
         for mode in ("plain", "placectl"):
-            for row in head(mode, blips):
-                name = "Ray alone" if mode == "plain" else "placectl"
-                res.add(
-                    f"head down {row['blip']:g}s: nodes lost, {name}",
-                    [row["nodes_lost"]],
-                    unit="nodes",
-                    ranks_changed=row["ranks"],
-                )
-    if "loss" in wanted:
-        for mode in ("plain", "placectl"):
-            row = loss(mode)
             name = "Ray alone" if mode == "plain" else "placectl"
-            res.add(f"30% loss 60s: nodes lost, {name}", [row["nodes_lost"]], unit="nodes", **row)
-            print(f"loss: {name} {row}", flush=True)
+            for row in blips(mode, args.blip):
+                res.add(f"{row['shape']}, {args.blip:g}s: nodes lost, {name}",
+                        [row["nodes_lost"]], unit="nodes", ranks_changed=row["ranks"])  # fmt: skip
     res.write()
 
 

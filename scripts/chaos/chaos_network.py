@@ -8,6 +8,14 @@ Steps, drawn at random:
 
 * ``cut``: a host holding ranks cut off both ways, or one way only (nothing in, or
   nothing out); healed after the repair, then rebooted (a new node, a spare again).
+* ``blip``: a host holding ranks cut off for 1-5 s, shorter than the grace: it may be
+  suspected and its ranks moved, but no node is lost; healed, nothing of a moved rank
+  lives on it.
+* ``split``: a two-sided split for 2-10 s, the job's hosts on either side: on the
+  minority (the head's side moves the job away, reversibly) or with the majority (the
+  controller suspects itself and moves nothing); no node lost.
+* ``reject``: a firewall on the head rejecting a job host (a TCP reset) for 5-10 s: a
+  refusal that is the network's proves nothing; nothing moves.
 * ``head``: the head's own link down for 1-12 s, then back.
 * ``loss``: 30% of packets lost both ways on a host holding ranks, for 10 s.
 * ``crash``: a host holding ranks loses its power (every process killed at once, Ray
@@ -25,7 +33,11 @@ process tables, Ray's node table):
 * a cut or crashed host's ranks, and only they, are relaunched, away from it; once
   healed, no process of the old ranks lives on it;
 * a drained host's ranks, and only they, move, and none of them dies before it moves;
-* a head blip or a lossy link relaunches nothing and fences nothing: the same pids.
+* a head blip, a lossy link or a rejecting firewall relaunches nothing and fences nothing:
+  the same pids;
+* a blip or a split fences nothing and loses no node (but one Ray's own health checks
+  give up, which Ray alone does too); after it every rank answers from one process, and
+  no process of a moved rank lives on any host.
 
 Usage: scripts/chaos/chaos_network.py [--steps 50] [--seed 1] [--minutes 30] [--token]
 Prints every step and every violation; exits 1 on any.
@@ -80,7 +92,9 @@ class Run:
             self.fail(step, f"two ranks in one process: {pids}")
 
     def step(self, n: int) -> None:
-        kind = self.rng.choice(["cut", "cut", "crash", "drain", "head", "loss"])
+        kind = self.rng.choice(
+            ["cut", "cut", "crash", "drain", "head", "loss", "blip", "blip", "split", "reject"]
+        )
         self.counts[kind] = self.counts.get(kind, 0) + 1
         before = self.answering()
         if not all(before):  # a violation before this step left ranks unanswering
@@ -106,6 +120,17 @@ class Run:
             time.sleep(10)
             self.hosts.heal(victim)
             self.unchanged(n, before, fenced)
+        elif kind == "reject":
+            victim = self.host_of(self.rng.choice([r["ip"] for r in before]))
+            seconds = self.rng.uniform(5, 10)
+            print(f"step {n}: the head rejects {victim.ip} for {seconds:.1f}s", flush=True)
+            self.hosts.reject(0, victim)
+            self.driver.send("repair")
+            time.sleep(seconds)
+            self.hosts.heal_all()
+            self.unchanged(n, before, fenced)
+        elif kind in ("blip", "split"):
+            self.blip(n, before, fenced, split=kind == "split")
         elif kind == "drain":
             self.drain(n, before)
         else:
@@ -121,6 +146,50 @@ class Run:
             self.fail(n, "the ranks' processes changed")
         if self.driver.ask("health")["fenced"] != fenced:
             self.fail(n, "a node was fenced")
+
+    def blip(self, n: int, before: list, fenced: dict, split: bool) -> None:
+        job = sorted({self.host_of(r["ip"]).index for r in before})
+        idle = [h.index for h in self.hosts.hosts[1:] if h.index not in job]
+        nodes = {x["node"] for x in self.driver.ask("nodes")["nodes"] if x["alive"]}
+        if split:
+            seconds = self.rng.uniform(2, 10)
+            minority = self.rng.random() < 0.5
+            sides = (job, [0, *idle]) if minority else ([0, idle[0]], [*job, *idle[1:]])
+            print(f"step {n}: hosts {sides[0]} split from {sides[1]} for {seconds:.1f}s",
+                  flush=True)  # fmt: skip
+            self.hosts.split(*sides)
+        else:
+            seconds = self.rng.uniform(1, 5)
+            victim = self.rng.choice(job)
+            print(f"step {n}: {self.hosts.hosts[victim].ip} cut off {seconds:.1f}s", flush=True)
+            self.hosts.cut(victim)
+        self.driver.send("repair")
+        time.sleep(seconds)
+        self.hosts.heal_all()
+        got = self.driver.wait("repair", 240)
+        print(f"  repaired {got['lost']} in {got['seconds']}s", flush=True)
+        if self.driver.ask("health")["fenced"] != fenced:
+            self.fail(n, "a node was fenced")
+        after = self.answering()
+        old = {r["pid"] for r in before} - {r["pid"] for r in after if r}
+        deadline = time.monotonic() + 60
+        running = set()
+        while time.monotonic() < deadline:
+            running = {p for h in self.hosts.hosts for p in self.hosts.pids(h)}
+            if not old & running:
+                break
+            time.sleep(0.5)
+        if old & running:
+            self.fail(n, f"processes of moved ranks still run: {sorted(old & running)}")
+        gone = [x for x in self.driver.ask("nodes")["nodes"] if x["node"] in nodes
+                and not x["alive"]]  # fmt: skip
+        for x in gone:
+            if "health check" not in x["why"]:
+                self.fail(n, f"node {x['ip']} lost: {x['why']}")
+            else:
+                print(f"  Ray's health checks gave {x['ip']} up: rebooted", flush=True)
+                self.hosts.restart(self.host_of(x["ip"]))
+        time.sleep(30)  # Ray frees a healed host's moved groups once its GCS reaches it
 
     def only_they_left(self, n: int, before: list, doomed: list, victim, how: str) -> None:
         """No rank answers from ``victim`` any more, and the ranks not ``doomed`` are the

@@ -22,7 +22,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # n
 
 import clients  # noqa: E402
 from clients.testing.local import local_cluster as testing_cluster  # noqa: E402
-from controller.runtime.edge.ray_io import group_handle  # noqa: E402
+from controller.state.scheduling import group_handle  # noqa: E402
 
 GPU_NODES = 2
 GPUS_PER_NODE = 4

@@ -22,7 +22,7 @@ from controller.errors import (
     ReservationInfeasible,
     ReservationTimeout,
 )
-from controller.runtime.edge.ray_io import group_handle
+from controller.state.scheduling import group_handle
 from tests.integration.conftest import live_groups, one_node, restart_controller, wait_for
 
 COLOCATED = {

@@ -18,7 +18,7 @@ import ray
 import clients
 from controller import PlacementError
 from controller.errors import ReservationTimeout
-from controller.runtime.edge.ray_io import group_handle
+from controller.state.scheduling import group_handle
 from tests.integration.conftest import one_node
 
 
@@ -218,19 +218,19 @@ def test_start_set_reaches_the_controller_it_starts_and_a_bad_value_starts_nothi
     from tests.integration.conftest import placectl_cli
 
     named = ("--name", "with-settings")
-    bad = placectl_cli(cluster.address, *named, "start", "--set", "fence_after=soon")
+    bad = placectl_cli(cluster.address, *named, "start", "--set", "suspect_after=soon")
     assert bad.returncode == 2, bad.stderr
-    assert "PLACECTL_FENCE_AFTER='soon': expected a number of seconds > 0" in bad.stderr
+    assert "PLACECTL_SUSPECT_AFTER='soon': expected a number of seconds > 0" in bad.stderr
     with pytest.raises(ValueError):  # nothing was started
         ray.get_actor("with-settings", namespace="placectl")
-    args = ("start", "--set", "fence_after=3", "--set", "events_kept=50", "-o", "json")
+    args = ("start", "--set", "suspect_after=3", "--set", "events_kept=50", "-o", "json")
     done = placectl_cli(cluster.address, *named, *args)
     try:
         assert done.returncode == 0, done.stderr
         # what the running controller reports of itself, read from its health (a test
         # cluster's processes all have PLACECTL_TEST_HOOKS=1: that one is the cluster's)
         settings = json.loads(done.stdout)["settings"]
-        assert settings == {"fence_after": 3.0, "events_kept": 50, "test_hooks": True}
+        assert settings == {"suspect_after": 3.0, "events_kept": 50, "test_hooks": True}
     finally:
         placectl_cli(cluster.address, *named, "stop")
 

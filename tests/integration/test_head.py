@@ -1,7 +1,9 @@
-"""The head restarts, with Ray's GCS fault tolerance on a Redis server of the test's own:
-its GCS alone, then the whole head node. Checked against Ray's group table, the workers'
-own actor ids, a driver that attaches afterwards, and a node lost after (and during)
-the restart, repaired as before."""
+"""The head restarts, with Ray's GCS fault tolerance on each of its stores: a Redis server
+of the test's own, and the GCS's embedded RocksDB in a directory of the head's: its GCS
+alone, then the whole head node (a new head on the same store, as after a reboot of the
+head's machine). Checked against Ray's group table, the workers' own actor ids, a driver
+that attaches afterwards, and a node lost after (and during) the restart, repaired as
+before."""
 
 from __future__ import annotations
 
@@ -26,15 +28,14 @@ GPUS = 4
 JOB = "headjob"
 SPEC = {"num_nodes": 3, "component_placement": {"actor,rollout": "0-7"}}
 
-if shutil.which("redis-server") is None:
-    pytest.skip("redis-server is not installed (scripts/test installs it)", allow_module_level=True)
 
-
-@pytest.fixture(scope="module")
-def cluster():
-    """A head without GPUs (GCS fault tolerance on Redis) and three nodes of 4 fake GPUs:
-    two for the job, one spare."""
-    with restartable_cluster(gpu_nodes=3, gpus=GPUS) as c:
+@pytest.fixture(scope="module", params=["redis", "rocksdb"])
+def cluster(request):
+    """A head without GPUs (GCS fault tolerance on the store of the parameter) and three
+    nodes of 4 fake GPUs: two for the job, one spare."""
+    if request.param == "redis" and shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (scripts/test installs it)")
+    with restartable_cluster(gpu_nodes=3, gpus=GPUS, store=request.param) as c:
         yield c
         if ray.is_initialized():
             clients.connect(start=False).release_all()
@@ -161,7 +162,7 @@ def test_a_gcs_restart_keeps_everything_and_calls_wait_for_it(cluster):
     before = snapshot(ctl, res)
     groups_before = placectl_groups()
     incarnation = ctl.check_alive()
-    assert ctl.health()["gcs_store"] == "redis"
+    assert ctl.health()["gcs_store"] == cluster.store.name
 
     said: list[str] = []
     answers: dict[str, object] = {}

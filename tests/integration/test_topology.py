@@ -12,7 +12,7 @@ from ray.util.placement_group import placement_group_table
 
 import clients
 from clients.testing.local import local_cluster
-from controller.runtime.edge.ray_io import group_handle
+from controller.state.scheduling import group_handle
 
 SPEC = {
     "num_nodes": 6,

@@ -13,8 +13,12 @@ from tests.training import recoveries, train
 # The figure the docs state for an abrupt node loss: the next step finished 6.2 s after
 # it (starting over: 24.2 s; Ray's own detection alone 16.5 s). Bound for 2 loaded cores.
 NEXT_STEP_AFTER_NODE_LOSS_S = 16.0
-# Seconds between a drain's notice (or an eviction's SIGTERM) and the node's end.
-NOTICE_S = 12.0
+# Seconds between a drain's notice (or an eviction's SIGTERM) and the node's end: more
+# than the job's margin (scripts/job/grpo/job.py DRAIN_MARGIN_S, 10 s) plus a trainer's
+# start on 2 loaded cores (about 10 s), so that the job prepares the replacements beside
+# the running ranks and swaps them in once up, as it would with a real notice (Ray's
+# PREEMPTION drains give minutes; 30 s in scripts/bench/bench_drain.py).
+NOTICE_S = 20.0
 # One run through them all: each run pays a cluster, a fault-free reference and two
 # launches (about 65 s of CI's 2 cores). drain: Ray's PREEMPTION drain of trainer rank 0's
 # node, the node killed at its deadline; spot: SIGTERM to rank 0's node (by then the

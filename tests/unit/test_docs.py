@@ -111,7 +111,7 @@ def test_every_placectl_command_and_option_a_page_shows_exists(page):
 
 
 def test_the_metrics_page_lists_every_metric_as_exported_with_its_labels():
-    from controller.runtime.edge import METRICS, exported
+    from controller.runtime.edge.metrics import METRICS, exported
 
     page = text(ROOT / "docs" / "operations" / "metrics.md")
     rows = {
@@ -202,3 +202,21 @@ def test_every_benchmark_on_the_benchmarks_page_says_whether_ci_bounds_its_figur
     ledger = page.split("## Which figures CI bounds", 1)[1].split("\n## ", 1)[0]
     rows = set(re.findall(r"^\| `(bench_\w+\.py)` \|", ledger, re.M))
     assert named and named <= rows, sorted(named - rows)
+
+
+def test_nothing_names_a_file_outside_the_repository():
+    """Users get the repository, nothing beside it: no code, test or page may send them to
+    the documents the project was conceived from."""
+    outside = re.compile(r"PLACEMENT_SPEC\.md|DESIGN\.md|\.\./shared/")
+    found = []
+    for part in ("controller", "clients", "scripts", "tests", "docs"):
+        for path in (ROOT / part).rglob("*"):
+            if path.suffix not in (".py", ".md", ".yaml", ".yml", ".toml") or "_site" in str(path):
+                continue
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if outside.search(line) and path != pathlib.Path(__file__).resolve():
+                    found.append(f"{path.relative_to(ROOT)}:{n}")
+    for name in ("README.md", "pyproject.toml", "mkdocs.yml"):
+        if outside.search((ROOT / name).read_text()):
+            found.append(name)
+    assert found == []

@@ -113,3 +113,18 @@ def test_the_schema_is_whole_and_the_check_reaches_every_depth():
 def test_the_manifest_says_which_kuberay_it_needs():
     first = (ROOT / "docs" / "operations" / "raycluster.yaml").read_text().splitlines()[0]
     assert f"KubeRay >= {OLDEST.lstrip('v')}" in first
+
+
+def test_the_rocksdb_store_is_an_option_of_kuberay_1_7_and_unknown_before():
+    """docs/operations/gcs-rocksdb.yaml in place of the manifest's Redis options: valid
+    for KubeRay 1.7.0, whose CRD added the embedded store; 1.5.0 knows no such option
+    (and wants a Redis address)."""
+    rocks = yaml.safe_load((ROOT / "docs" / "operations" / "gcs-rocksdb.yaml").read_text())
+    manifest = copy.deepcopy(MANIFEST)
+    manifest["spec"]["gcsFaultToleranceOptions"] = rocks["gcsFaultToleranceOptions"]
+    assert problems(manifest, schema(NEWEST)) == []
+    assert sorted(problems(manifest, schema(OLDEST))) == [
+        ".spec.gcsFaultToleranceOptions.backend: unknown field",
+        ".spec.gcsFaultToleranceOptions.redisAddress: required",
+        ".spec.gcsFaultToleranceOptions.storage: unknown field",
+    ]

@@ -16,7 +16,7 @@ import subprocess
 import pytest
 import yaml
 
-from controller.runtime.edge import METRICS, exported
+from controller.runtime.edge.metrics import METRICS, exported
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "operations"
 RULES, MONITOR = yaml.safe_load_all((DOCS / "placectl-rules.yaml").read_text())

@@ -1,4 +1,5 @@
-"""The rank grammar and every rule of PLACEMENT_SPEC.md, on one node with 8 GPUs."""
+"""The rank grammar and every rule of the placement string (the configuration reference,
+docs/reference/configuration.md), on one node with 8 GPUs."""
 
 import pytest
 

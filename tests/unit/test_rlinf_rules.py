@@ -97,7 +97,7 @@ def test_node_strategy_counts_processes_per_node_and_shows_the_nodes_gpus():
 
 
 # ------------------------------------------------------------------ packed strategy
-# placectl's PackedPlacementStrategy has the signature PLACEMENT_SPEC.md fixes (master
+# placectl's PackedPlacementStrategy has the signature the configuration reference fixes (master
 # node and accelerator, a count of nodes or processes); RLinf's takes a start and end
 # hardware rank. The same layouts, in placectl's terms:
 def test_packed_layouts():

@@ -21,7 +21,8 @@ from controller.runtime.core.demand import Demand
 from controller.runtime.core.nodes import ClusterNodes
 from controller.runtime.core.settings import Settings
 from controller.runtime.core.state import ReservationState
-from controller.runtime.core.stewards import Stewards, Transitions
+from controller.runtime.core.stewards import Stewards
+from controller.runtime.core.transitions import Transitions
 from controller.runtime.edge import ClusterIO
 
 log = logging.getLogger("placectl.controller")

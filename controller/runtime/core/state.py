@@ -28,7 +28,8 @@ import msgspec
 
 from controller.errors import ReservationError, StaleChange, UnknownReservation
 from controller.runtime.core import Tasks
-from controller.runtime.core.store import History, Loaded, Store
+from controller.runtime.core.history import History
+from controller.runtime.core.store import Loaded, Store
 from controller.runtime.edge import Metrics
 from controller.state.events import Event, cordon_set, operator_set, quota_set
 from controller.state.published import Published

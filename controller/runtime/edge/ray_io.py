@@ -1,36 +1,29 @@
 """The real :class:`~controller.runtime.edge.ClusterIO`: Ray's GCS, placement groups and tasks.
 
-Imported only inside the cluster (the controller actor) and by drivers that schedule into
-bundles (:func:`group_handle`); ``import controller`` never imports it.
+Imported only inside the cluster (the controller actor) and by drivers that read the
+nodes (:func:`node_infos`); ``import controller`` never imports it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 
 import ray
-from ray._raylet import NodeID, PlacementGroupID
-from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
+from ray._raylet import NodeID
+from ray.util.placement_group import placement_group, placement_group_table
 
 from controller.runtime import edge
 from controller.runtime.edge import answers, node_tasks, ray_gcs
+from controller.runtime.edge.metrics import RayMetrics
 from controller.runtime.edge.node_events import NodeEvents
 from controller.runtime.edge.ray_gcs import fence_node, gcs_store, gcs_unavailable
+from controller.state.scheduling import group_handle
 from controller.state.wants import DemandGroup
 
 log = logging.getLogger("placectl.controller")
-
-
-@functools.lru_cache(maxsize=4096)
-def group_handle(group_id: str) -> PlacementGroup:
-    """A handle to a placement group from its hex id (names are namespace-scoped; ids
-    are not). Handles are cached: each one caches its bundles after the first lookup,
-    which saves a GCS round trip for every actor scheduled into the group."""
-    return PlacementGroup(PlacementGroupID(bytes.fromhex(group_id)))
 
 
 def node_infos() -> list[edge.NodeInfo]:
@@ -87,7 +80,7 @@ class RayClusterIO:
     def __init__(self, namespace: str, key_prefix: bytes = b"") -> None:
         self._ns = namespace.encode()
         self._kp = key_prefix
-        self.metrics = edge.RayMetrics()
+        self.metrics = RayMetrics()
         self._node_events = NodeEvents(self.nodes)
         self._witnesses: dict[str, ray.actor.ActorHandle] = {}  # node -> kept witness
 
@@ -177,8 +170,8 @@ class RayClusterIO:
     ) -> dict[str, str]:
         return await asyncio.to_thread(answers.answers, addresses, timeout, why, ways or 1)
 
-    def keep_witnesses(self, node_ids: list[str]) -> None:
-        for gone in set(self._witnesses) - set(node_ids):
+    def keep_witnesses(self, node_ids: list[str], away: set[str] = frozenset()) -> None:
+        for gone in set(self._witnesses) - set(node_ids) - set(away):
             with contextlib.suppress(Exception):
                 ray.kill(self._witnesses.pop(gone))
         for n in node_ids:

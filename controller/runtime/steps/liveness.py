@@ -118,7 +118,8 @@ class Liveness:
                 await self.sweep(watched)
                 self._returning.sweep()
                 if not self.self_doubt.doubted:
-                    self._io.keep_witnesses(self._witness_homes(watched))
+                    away = set(self._nodes.in_doubt())
+                    self._io.keep_witnesses(self._witness_homes(watched, away), away)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -285,14 +286,14 @@ class Liveness:
         t = topology_of(info.labels, info.resources)
         return t.rack or t.domain
 
-    def _witness_homes(self, watched: set[str]) -> list[str]:
+    def _witness_homes(self, watched: set[str], away: set[str]) -> list[str]:
         """Where witnesses stand: the same few nodes while the cluster does not change
-        (one more than are asked at a time, for when one of them is the suspect); none
-        while nothing is watched."""
+        (one more than are asked at a time, for when one of them is the suspect), none
+        of them in doubt (``away``); none while nothing is watched."""
         if not watched:
             return []
         k = self.settings.witnesses + 1
-        return sorted(watched | set(self._bystanders(watched)))[:k]
+        return sorted((watched | set(self._bystanders(watched))) - away)[:k]
 
     def _bystanders(self, watched: set[str]) -> list[str]:
         heads = {n for n in self._nodes.alive_ids() if (i := self._nodes.info(n)) and i.is_head}
