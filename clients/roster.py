@@ -6,7 +6,9 @@ standbys on held spares, promoted in place of lost ranks (:mod:`clients.standby`
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -18,7 +20,14 @@ from clients.launching import (
     rank_kwargs_for,
     worker_name,
 )
-from clients.standby import Standbys, key_of, promote_here, standby_name
+from clients.standby import (
+    TAKEN,
+    Standbys,
+    forget_promotion,
+    key_of,
+    promote_here,
+    standby_name,
+)
 from clients.verdict import actor_dead
 from controller import PlacementError
 from controller.state.assignments import Assignment
@@ -164,6 +173,13 @@ class Roster:
         for r in ranks:
             with contextlib.suppress(Exception):  # most are already dead with their node
                 ray.kill(self.actors[r], no_restart=True)
+            name = self.names[r] if r < len(self.names) else None
+            if (
+                name
+                and r < len(self.assignments)
+                and name == standby_name(self.job, self.component, self.assignments[r])
+            ):
+                forget_promotion(name)  # a promoted standby's record goes with it
         self.end_leftovers(
             [(self.assignments[r], self.tags[r]) for r in ranks if r < len(self.assignments)],
             away,
@@ -186,13 +202,24 @@ class Roster:
                 time.sleep(0.05)
 
     def relaunch(
-        self, ranks: list[int], fresh: list[Assignment], away: set[str] = frozenset()
+        self,
+        ranks: list[int],
+        fresh: list[Assignment],
+        away: set[str] = frozenset(),
+        promote_timeout: float = 60.0,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         """Start ``ranks`` anew in ``fresh`` (ranks past the end are added): a prepared
-        replacement made for the same assignment is swapped in, the others started
-        after the old worker is gone. On the nodes ``away`` (cut off, their slots moved:
-        the controller ends what was left there when they answer again) nothing is
-        swept."""
+        replacement made for the same assignment is swapped in, a standby in the rank's
+        new bundle promoted, the others started after the old worker is gone. On the
+        nodes ``away`` (cut off, their slots moved: the controller ends what was left
+        there when they answer again) nothing is swept.
+
+        A standby that has not answered its promotion within ``promote_timeout`` (still
+        in a long constructor, or on a node that went silent) is killed and the rank
+        started anew; one already promoted to another rank is left alone and the rank
+        started anew. Each is said on ``say`` (default stderr)."""
+        say = say or (lambda m: print(f"placectl: {m}", file=sys.stderr, flush=True))
         left = {r for r in ranks if r < len(self.assignments)
                 and self.assignments[r].placement.node_id in away}  # fmt: skip
         self.actors += [None] * (len(fresh) - len(self.actors))
@@ -209,16 +236,33 @@ class Roster:
                 self.actors[r], _, self.names[r], self.tags[r] = self.prepared.pop(r)
                 self._ready.pop(r, None)
             elif r in standing:
-                self.actors[r], self.names[r], self.tags[r] = standing[r]
-                promoted[r] = self._promote(self.actors[r], fresh[r], self.tags[r])
+                actor, own, self.names[r], self.tags[r] = standing[r]
+                self.actors[r] = actor
+                promoted[r] = self._promote(actor, fresh[r], own, self.tags[r], self.names[r])
             else:
                 self.actors[r], self.names[r], self.tags[r] = self.start(
                     fresh[r], len(fresh), self._fresh_name(r, fresh[r]) if r in left else None
                 )
+        deadline = time.monotonic() + promote_timeout
+        label = f"{self.job}/{self.component}"
         for r, ref in promoted.items():  # each standby is its rank now
             try:
-                ray.get(ref)
+                _, did = ray.get(ref, timeout=max(deadline - time.monotonic(), 0.1))
+            except ray.exceptions.GetTimeoutError:
+                say(
+                    f"{label}: the standby for rank {r} did not answer its promotion within "
+                    f"{promote_timeout:.0f}s (still starting, or its node silent): killed, "
+                    "and the rank started anew"
+                )
+                with contextlib.suppress(Exception):
+                    ray.kill(self.actors[r], no_restart=True)
+                self.actors[r], self.names[r], self.tags[r] = self.start(fresh[r], len(fresh))
+                continue
             except ray.exceptions.RayActorError:  # it died meanwhile: a start after all
+                self.actors[r], self.names[r], self.tags[r] = self.start(fresh[r], len(fresh))
+                continue
+            if did == TAKEN:  # another driver made it another rank: not ours to take
+                say(f"{label}: the standby for rank {r} is another rank's now: rank started anew")
                 self.actors[r], self.names[r], self.tags[r] = self.start(fresh[r], len(fresh))
         self.drop_prepared(keep=set())
         self.assignments = list(fresh)
@@ -228,13 +272,16 @@ class Roster:
         still holds the rank's own: the one ``attach`` looks for first (by epoch)."""
         return f"{worker_name(self.job, self.component, rank)}@{a.epoch}" if self.detached else None
 
-    def _promote(self, actor, a: Assignment, tag: str):
-        """Have the standby ``actor`` become the rank of ``a`` (its ref)."""
+    def _promote(self, actor, a: Assignment, own: Assignment, tag: str, name: str | None):
+        """Have the standby ``actor`` (started for ``own``; detached: named ``name``)
+        become the rank of ``a`` (its ref: the pid and what was done,
+        :func:`clients.standby.promote_here`)."""
         launch = self.require_launch("promoting a standby")
         env = options_for(a, launch.env, launch.actor_options)["runtime_env"]["env_vars"]
         if tag:
             env[TAG] = tag  # the tag its processes were started with
-        return actor.__ray_call__.remote(promote_here, env)
+        drop = tuple(sorted(set(own.runtime_env_vars()) - set(a.runtime_env_vars())))
+        return actor.__ray_call__.remote(promote_here, env, name if self.detached else None, drop)
 
     def drop_standbys(self, keep: set, free_names: bool = False) -> None:
         """Kill the standbys not in ``keep`` (bundle keys) and end what they left on

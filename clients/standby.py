@@ -11,11 +11,23 @@ joining as another rank. Nothing sends it work.
 When a repair makes the held spare a lost node's slot, the group and its bundle indices
 stay, so the lost rank's new assignment names the standby's ``(placement group,
 bundle)``. Promotion then writes that rank's environment into the standby's
-``os.environ``, removes ``PLACECTL_STANDBY``, calls the class's ``on_promote(env)`` if
+``os.environ`` exactly (a key its own assignment set that the rank's does not, such as
+an ``env_configs`` variable of the node it shadowed, is removed), removes
+``PLACECTL_STANDBY``, calls the class's ``on_promote(env)`` if
 it has one, and the standby is the rank from then on: no process starts.
 
 A detached standby is named after its bundle (:func:`standby_name`), so a restarted
-driver finds it, promoted or not, from the assignments alone.
+driver finds it from the assignments alone. Whether it was promoted is recorded in the
+GCS by the standby itself as it is promoted (:func:`promoted_as`): a driver that died
+between the controller making the spare a slot and the promotion leaves a standby that
+the next driver attaches as a standby, not as the rank, and ``repair()`` promotes.
+
+**One promotion per standby.** Promotion runs inside the standby, one call at a time,
+and checks what it was promoted to before (:func:`promote_here`): promoted again to the
+same rank at the same epoch it changes nothing (two drivers of one detached group both
+promoting); to the same rank at a newer epoch it takes the newer environment; to an
+older epoch, or to another rank, it refuses and says so, so a driver with an older view
+never undoes a newer promotion.
 """
 
 from __future__ import annotations
@@ -26,12 +38,21 @@ from typing import Any
 
 import ray
 
-from clients.launching import WORKER_NAMESPACE
+from clients.launching import WORKER_NAMESPACE, detached_worker, worker_name
+from controller import PlacementError
 from controller.state.assignments import Assignment
 from controller.state.spares import STANDBY
 from controller.surface import new_tag
 
 Key = tuple[str, int]  # (placement group id, bundle index)
+
+# In the standby once promoted: "<epoch>:<rank>" it was promoted to.
+PROMOTED = "PLACECTL_PROMOTED"
+# What a promotion did: became the rank; was that rank already (at this epoch, or an
+# older one: now at this one); is that rank at a newer epoch (left as it is); is
+# another rank (refused).
+BECAME, AGAIN, NEWER, TAKEN = "became", "again", "newer", "taken"
+_KV_PREFIX = b"promoted/"
 
 # What status says of a standby, from Ray's actor table under the standby's name.
 READY, STARTING, MISSING = "ready", "starting", "missing"
@@ -45,6 +66,21 @@ def key_of(a: Assignment) -> Key:
 def held_groups(reservation: Any) -> set[str]:
     """The placement groups of the spares ``reservation`` holds now (one GCS read)."""
     return {s.group_id for s in reservation.controller.record(reservation.job).spares}
+
+
+def standbys_to_come(reservation: Any, component: str) -> str | None:
+    """What to say when ``component`` has standbys but the reservation holds fewer
+    spares than it asked for yet (the controller holds them as nodes free up), else
+    None."""
+    if not reservation.spec.component(component).standby:
+        return None
+    wanted, held = reservation.spec.spares, len(held_groups(reservation))
+    if held >= wanted:
+        return None
+    return (
+        f"{reservation.job}/{component}: standbys start on {held} of {wanted} spare "
+        "node(s) held so far; the rest start once held, at repair() or refill_standbys()"
+    )
 
 
 def standby_name(job: str, component: str, a: Assignment) -> str:
@@ -77,15 +113,94 @@ def standby_states(reservation: Any) -> dict[str, list[tuple[Assignment, str]]]:
     return out
 
 
-def promote_here(instance: Any, env: dict[str, str]) -> int:
-    """Run inside the standby (``__ray_call__``): become the rank of ``env``. Returns
-    the process id, which is the rank's from now on."""
+def _gcs():
+    return ray._private.worker.global_worker.gcs_client
+
+
+def promoted_as(name: str) -> str | None:
+    """What the detached standby ``name`` was promoted to (``"<epoch>:<rank>"``), or
+    None while it is a standby (one GCS read)."""
+    got = _gcs().internal_kv_get(_KV_PREFIX + name.encode(), WORKER_NAMESPACE.encode())
+    return None if got is None else got.decode()
+
+
+def forget_promotion(name: str) -> None:
+    """The promoted standby ``name`` is gone: its record goes too."""
+    with contextlib.suppress(Exception):
+        _gcs().internal_kv_del(_KV_PREFIX + name.encode(), False, WORKER_NAMESPACE.encode())
+
+
+def promote_here(
+    instance: Any, env: dict[str, str], name: str | None = None, drop: tuple[str, ...] = ()
+) -> tuple[int, str]:
+    """Run inside the standby (``__ray_call__``): become the rank of ``env``, without
+    the keys ``drop`` (its own assignment's that the rank's has not). Returns the
+    process id, which is the rank's from now on, and what was done (:data:`BECAME`,
+    :data:`AGAIN`, :data:`NEWER` or :data:`TAKEN`, see the module docstring). A detached
+    standby (``name``) records its promotion in the GCS before it returns."""
+    rank, epoch = env.get("RANK", ""), int(env.get("PLACECTL_EPOCH") or 0)
+    was = os.environ.get(PROMOTED)
+    if was is not None:
+        old_epoch, old_rank = was.split(":", 1)
+        if old_rank != rank:
+            return os.getpid(), TAKEN
+        if epoch < int(old_epoch):
+            return os.getpid(), NEWER
+    for key in drop:
+        os.environ.pop(key, None)
     os.environ.update(env)
     os.environ.pop(STANDBY, None)
+    os.environ[PROMOTED] = f"{epoch}:{rank}"
+    if name:
+        key = _KV_PREFIX + name.encode()
+        _gcs().internal_kv_put(key, os.environ[PROMOTED].encode(), True, WORKER_NAMESPACE.encode())
+    if was is not None:
+        return os.getpid(), AGAIN
     hook = getattr(instance, "on_promote", None)
     if callable(hook):
         hook(dict(env))
-    return os.getpid()
+    return os.getpid(), BECAME
+
+
+def still_standing(name: str) -> bool:
+    """Whether the detached standby ``name`` is still a standby (not promoted)."""
+    return promoted_as(name) is None
+
+
+def find_ranks(
+    reservation: Any, component: str, assignments: list[Assignment], worker_cls: Any
+) -> tuple[list, list, list[tuple[Assignment, Any, str]]]:
+    """The running detached workers of ``assignments`` (rank order) for
+    ``WorkerGroup.attach``: each rank's actor and name (None where there is none), and
+    the unpromoted standbys found in ranks' bundles, ``(assignment, actor, name)``: the
+    controller made their held spare the rank's slot, and the driver that would have
+    promoted them died first. They are standbys, not ranks; ``repair()`` promotes them.
+    Without ``worker_cls`` a missing rank, or one only a standby holds, is an error."""
+    actors, names, standing = [], [], []
+    for a in assignments:
+        base = worker_name(reservation.job, component, a.placement.rank)
+        spare = standby_name(reservation.job, component, a)
+        found = None
+        # a replacement made before a move, the rank's own, a standby promoted to it
+        for name in (f"{base}@{a.epoch}", base, spare):
+            with contextlib.suppress(PlacementError):
+                found = (detached_worker(name), name)
+                break
+        if found is not None and found[1] == spare and still_standing(spare):
+            if worker_cls is None:
+                raise PlacementError(
+                    f"{reservation.job}/{component} rank {a.placement.rank}: its slot "
+                    f"moved to a held spare while no driver ran, and the standby there "
+                    f"({spare!r}) is not promoted yet; attach with the worker class (and "
+                    "its arguments), then repair() promotes it"
+                )
+            standing.append((a, found[0], spare))
+            found = None
+        if found is None and worker_cls is None:
+            detached_worker(base)  # raises, naming the missing worker
+        actors.append(found[0] if found else None)
+        names.append(found[1] if found else None)
+    return actors, names, standing
 
 
 class Standbys:
@@ -120,7 +235,19 @@ class Standbys:
             dropped.append((a, tag))
         return dropped
 
-    def take(self, fresh: Assignment) -> tuple[Any, str | None, str] | None:
-        """The standby in the bundle of ``fresh`` (removed from the standbys), or None."""
-        found = self.running.pop(key_of(fresh), None)
-        return None if found is None else (found[0], found[2], found[3])
+    def dead(self, is_dead) -> list[Key]:
+        """The standbys ``is_dead(actor)`` says are dead (crashed, or their node lost),
+        forgotten: a new one is started in each bundle still held."""
+        gone = [key for key, (actor, *_) in self.running.items() if is_dead(actor)]
+        for key in gone:
+            del self.running[key]
+        return gone
+
+    def adopt(self, a: Assignment, actor: Any, name: str) -> None:
+        """Keep the detached standby ``name`` found in the bundle of ``a``."""
+        self.running[key_of(a)] = (actor, a, name, new_tag(a.uid, name, True))
+
+    def take(self, fresh: Assignment) -> tuple[Any, Assignment, str | None, str] | None:
+        """The standby in the bundle of ``fresh`` (removed from the standbys): its actor,
+        its own assignment, name and tag; or None."""
+        return self.running.pop(key_of(fresh), None)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -16,13 +15,11 @@ from clients.engines import engine_environment
 from clients.launching import (
     RankKwargs,
     actor_class,
-    detached_worker,
     rank_kwargs_for,
     wait_until_ready,
-    worker_name,
 )
 from clients.roster import Launch, Roster
-from clients.standby import held_groups, key_of, standby_name
+from clients.standby import find_ranks, held_groups, key_of, standbys_to_come
 from clients.sync import SyncResult, can_keep, plan_sync
 from controller import PlacementError
 from controller.state.assignments import Assignment
@@ -94,8 +91,10 @@ class WorkerGroup:
         roster.relaunch(list(range(len(assignments))), assignments)
         group = cls(reservation, component, roster)
         standbys = group.refill_standbys()
+        label = f"{reservation.job}/{component}"
+        if (coming := standbys_to_come(reservation, component)) is not None:
+            (progress or (lambda m: print(f"placectl: {m}", file=sys.stderr, flush=True)))(coming)
         if wait:
-            label = f"{reservation.job}/{component}"
             wait_until_ready(roster.actors, label, timeout, progress)
             if standbys:
                 wait_until_ready(standbys, f"{label} standbys", timeout, progress)
@@ -128,19 +127,7 @@ class WorkerGroup:
             PlacementError: a worker is missing and ``worker_cls`` was not given.
         """
         assignments = reservation.assignments(component, allow_degraded=True)
-        actors, names = [], []
-        for a in assignments:
-            base = worker_name(reservation.job, component, a.placement.rank)
-            found = None
-            # a replacement made before a move, the rank's own, a standby promoted to it
-            for name in (f"{base}@{a.epoch}", base, standby_name(reservation.job, component, a)):
-                with contextlib.suppress(PlacementError):
-                    found = (detached_worker(name), name)
-                    break
-            if found is None and worker_cls is None:
-                detached_worker(base)  # raises, naming the missing worker
-            actors.append(found[0] if found else None)
-            names.append(found[1] if found else None)
+        actors, names, standing = find_ranks(reservation, component, assignments, worker_cls)
         launch = None
         if worker_cls is not None:
             leased = engine_environment(reservation, component, env)
@@ -150,6 +137,8 @@ class WorkerGroup:
         roster = Roster(reservation.job, component, actors, assignments, True, launch, names)
         if reservation.spec.component(component).standby:
             roster.standbys.find(reservation.job, component, reservation.standbys(component))
+        for a, actor, name in standing:  # promoted by the next repair()
+            roster.standbys.adopt(a, actor, name)
         return cls(reservation, component, roster)
 
     @property
@@ -179,7 +168,15 @@ class WorkerGroup:
         one GCS read when the held spares did not change."""
         if not self.reservation.spec.component(self.component).standby:
             return []
-        if held_groups(self.reservation) == {key[0] for key in self._roster.standbys.running}:
+        # A standby that crashed, or whose spare died, is listed no more: Ray's actor
+        # table says so (one read per standby), and a new one starts in its bundle.
+        died = self._roster.standbys.dead(verdict.actor_dead)
+        if died:
+            label = f"{self.reservation.job}/{self.component}"
+            print(f"placectl: {label}: {len(died)} standby(s) dead: starting new ones",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        running = {key[0] for key in self._roster.standbys.running}
+        if not died and held_groups(self.reservation) == running:
             return []
         return self._roster.refill_standbys(self.reservation.standbys(self.component))
 
@@ -285,7 +282,10 @@ class WorkerGroup:
             held = held_groups(res)
             keep |= {key for key in self._roster.standbys.running if key[0] in held}
         self._roster.drop_standbys(keep)
-        self._roster.relaunch(lost, fresh, away=verdict.away(nodes))
+        remaining = max(timeout - (time.monotonic() - started), 1.0)
+        self._roster.relaunch(
+            lost, fresh, away=verdict.away(nodes), promote_timeout=remaining, say=say
+        )
         if lost:
             label = f"{res.job}/{self.component}"
             remaining = max(timeout - (time.monotonic() - started), 1.0)

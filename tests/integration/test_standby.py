@@ -6,6 +6,7 @@ environment alone), never from placectl's records."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import json
 import os
@@ -16,6 +17,7 @@ import ray
 
 import clients
 import clients.engines
+from clients.verdict import actor_dead
 from tests.integration.conftest import (
     held_spare,
     live_groups,
@@ -45,9 +47,11 @@ class Worker:
     def __init__(self) -> None:
         time.sleep(LOAD_S)
         self.promoted_with: dict | None = None
+        self.promotions = 0
 
     def on_promote(self, env: dict) -> None:
         self.promoted_with = env
+        self.promotions += 1
 
     def seen(self) -> dict:
         """What this process is, as Ray and its own environment say."""
@@ -61,6 +65,7 @@ class Worker:
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "env": {k: os.environ.get(k) for k in keys},
             "promoted": self.promoted_with is not None,
+            "promotions": self.promotions,
         }
 
     def all_reduce(self, generation: int) -> float:
@@ -239,3 +244,51 @@ def test_more_losses_than_standbys_promote_those_there_are_and_start_the_rest(cl
         group.shutdown()
     finally:
         ctl.release("losses")
+
+
+def test_standbys_left_unpromoted_by_a_dead_driver_are_promoted_once_by_racing_drivers(cluster):
+    """The job's node is lost while no driver runs: the controller makes the held spare
+    the slot, and nobody promotes the standbys there. Two new drivers attach at once and
+    repair at once: neither takes an unpromoted standby for its rank (each is attached
+    as a standby, its rank lost), both promote the same processes, and each promotion
+    runs once (the second sees the first). A standby that crashes later is replaced at
+    the next refill. Read from the processes: their pids, env and on_promote calls."""
+    for _ in range(3):  # the job's node, the held spare, the spare held after it
+        cluster.add_node(num_cpus=4, num_gpus=4)
+    cluster.wait_for_nodes()
+    ctl = clients.connect()
+    res = ctl.reserve("orphan", CONF, timeout_s=60)
+    try:
+        job_node, spare = res.refresh().slots[0].node_id, held_spare(res)
+        first = clients.WorkerGroup.launch(res, "actor", Worker, detached=True)
+        standing = {s["pid"] for s in standbys_on(first, spare)}
+        del first  # the driver is gone: its detached ranks and standbys live on
+        remove(cluster, job_node)
+        wait_for(
+            lambda: (i := res.refresh()).state == "ready" and i.slots[0].node_id == spare,
+            timeout=120,
+        )
+        groups = [clients.WorkerGroup.attach(res, "actor", Worker) for _ in range(2)]
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            repaired = list(pool.map(lambda g: g.repair(timeout=120), groups))
+        assert repaired == [[0, 1, 2, 3]] * 2
+        for group in groups:
+            ranks = ray.get([a.seen.remote() for a in group.actors], timeout=60)
+            assert {r["pid"] for r in ranks} == standing  # promoted, nothing started
+            for r, seen in enumerate(ranks):
+                assert seen["env"]["RANK"] == str(r) and seen["env"]["PLACECTL_STANDBY"] is None
+                assert seen["promotions"] == 1  # the second promotion changed nothing
+        assert ray.get([a.all_reduce.remote(2) for a in groups[0].actors]) == [10.0] * 4
+
+        group = groups[0]
+        nxt = held_spare(res)  # the controller holds the next free node as the spare
+        before = {s["pid"] for s in standbys_on(group, nxt)}
+        victim = group.standbys[0]
+        ray.kill(victim, no_restart=True)  # a standby crashes
+        wait_for(lambda: actor_dead(victim), timeout=60)  # Ray's table says so
+        after = {s["pid"] for s in standbys_on(group, nxt)}  # refill_standbys() each look
+        assert len(after) == 4 and len(after - before) == 1
+        for g in groups:
+            g.shutdown()
+    finally:
+        ctl.release("orphan")

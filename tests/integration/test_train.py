@@ -58,10 +58,12 @@ def test_a_run_through_every_kind_of_fault_ends_equal_to_a_fault_free_run(runs):
     # node: one repair, the instant the step failed: the lost node held trainer rank 0
     # and rollout rank 0, and exactly those came back.
     assert node["relaunched"] == {"actor": [0], "rollout": [0]} and node["epoch"] == 4
-    # hang: fenced, its ranks relaunched on the spare, the survivors blocked in the
-    # collective on it restarted in their bundles
+    # hang: suspected, its ranks relaunched on the spare; the survivors blocked in the
+    # collective on it restarted in their bundles, unless the stopped node was fenced at
+    # its grace and its process ended first, which resets their collective: then they
+    # come out of the step on their own and rejoin with nothing to restart
     assert hang["relaunched"] == {"actor": [2], "rollout": [2]}
-    assert hang["restarted"] == [0, 1, 3] and hang["epoch"] == 5
+    assert hang["restarted"] in ([0, 1, 3], []) and hang["epoch"] == 5
     # oom: it alone, in its own bundle; stall: the step's deadline, then it alone
     assert oom["relaunched"] == {"actor": [1]} and oom["restarted"] == []
     assert stall["cause"].startswith("StepTimeout")
