@@ -61,7 +61,7 @@ def promote_verl(instance: Any, env: dict[str, str]) -> int:
         configure = getattr(worker, "_configure_with_store", None)
         if callable(configure):
             configure(store)
-    return promote_here(instance, env)
+    return promote_here(instance, env)[0]
 
 
 class VerlStandbys:
@@ -162,7 +162,7 @@ class VerlStandbys:
         promotions, new = {}, []
         for r in lost:
             if r in standing:
-                actor, name, _ = standing[r]
+                actor, _, name, _ = standing[r]
                 promotions[r] = actor.__ray_call__.remote(promote_verl, self._env_of(fresh[r]))
             else:
                 name = self.verl_name(fresh[r])

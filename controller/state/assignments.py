@@ -72,6 +72,11 @@ class Assignment(msgspec.Struct, kw_only=True, frozen=True):
     def _strategy(self, bundle_index: int, capture: bool) -> Any:
         return scheduling.strategy(self.placement_group_id, bundle_index, capture)
 
+    def _request(self, share: float) -> dict[str, Any]:
+        if self.accelerator == "GPU":
+            return {"num_gpus": share}
+        return {"num_gpus": 0, "resources": {self.accelerator: share}} if share else {}
+
     def actor_options(self) -> dict[str, Any]:
         """Keyword arguments for ``Actor.options(**...)`` that start the process here."""
         options: dict[str, Any] = {

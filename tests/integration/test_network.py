@@ -29,9 +29,10 @@ from clients.testing import hosts as harness
 from clients.testing.host_driver import Driver
 
 CONFIG = Path(__file__).parent / "data" / "network.yaml"
-# The stated figures: a host cut off to repair() returned in 4.4-4.6 s, a refused raylet
-# in under 2 s, on 2 idle cores; CI's bounds leave room for its load.
-CUT_REPAIR_BOUND_S = 10.0
+# The stated figures (scripts/bench/bench_network.py, docs/evidence/benchmarks.md): a
+# host cut off to repair() returned in 8.8 s, a refused raylet's ranks relaunched in
+# 3.5 s, on 2 idle cores; CI's bounds leave room for its load.
+CUT_REPAIR_BOUND_S = 15.0
 REFUSED_REPAIR_BOUND_S = 10.0
 GONE_AFTER_HEAL_S = 60.0  # the moved ranks' processes, ended by the controller's sweep
 # A suspect answers the controller again once its connections are made anew after the
@@ -211,8 +212,8 @@ def test_a_raylet_killed_alone_is_fenced_at_once_on_proof(hosts, driver):
     repaired = driver.ask("repair", timeout=120)
     assert repaired["lost"] == doomed, repaired
     assert repaired["seconds"] < REFUSED_REPAIR_BOUND_S, repaired
-    fenced = driver.ask("health")["fenced"]
-    assert any("refuses connections" in why for why in fenced.values()), fenced
+    said = [m for kind, m in driver.ask("events")["events"] if kind == "fenced"]
+    assert any("refuses connections" in m and victim.ip in m for m in said), said
     assert all(r["ip"] != victim.ip for r in _answering(driver))
     hosts.restart(victim)  # rebooted: free capacity again, as a new node
 
@@ -229,13 +230,20 @@ def test_a_host_cut_off_for_good_moves_at_once_and_is_fenced_after_the_grace(hos
         repaired = driver.ask("repair", timeout=120)
         assert repaired["lost"] == doomed, repaired
         assert repaired["seconds"] < CUT_REPAIR_BOUND_S, repaired
-        assert driver.ask("health")["fenced"].keys().isdisjoint(hosts.node_ids(victim))
+        ids = set(hosts.node_ids(victim))
+        assert driver.ask("health")["fenced"].keys().isdisjoint(ids)
+        # Out once its grace is over: fenced by placectl, or called dead by Ray's own
+        # health checks, whichever comes first (the grace is Ray's detection time).
         deadline = cut_at + 120
-        while not set(driver.ask("health")["fenced"]) & set(hosts.node_ids(victim)):
-            assert time.monotonic() < deadline, "the host was never fenced"
+        while True:
+            fenced = set(driver.ask("health")["fenced"]) & ids
+            dead = {n["node"] for n in driver.ask("nodes")["nodes"] if not n["alive"]} & ids
+            if fenced or dead:
+                break
+            assert time.monotonic() < deadline, "the host was neither fenced nor given up"
             time.sleep(1.0)
-        fenced_after = time.monotonic() - cut_at
-        assert fenced_after >= 55.0, fenced_after  # the grace: 62 s after the silence
+        out_after = time.monotonic() - cut_at
+        assert out_after >= 55.0, out_after  # the grace: 62 s after the silence
         assert all(r["ip"] != victim.ip for r in _answering(driver))
     finally:
         hosts.restart(victim)

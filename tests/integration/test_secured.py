@@ -17,8 +17,9 @@ import pytest
 
 DRIVER = pathlib.Path(__file__).with_name("secured_driver.py")
 # Without authentication repair() returns in 2-7 s after an abrupt node death on 2
-# loaded cores (test_abrupt.py bounds it the same).
-REPAIR_BOUND_S = 10.0
+# loaded cores (test_abrupt.py bounds it at 10 s); here every new connection is a TLS
+# handshake too: 8.7 s and 10.3 s seen beside the rest of the suite, 4 ranks relaunched.
+REPAIR_BOUND_S = 15.0
 
 
 def run(*args: str) -> dict:

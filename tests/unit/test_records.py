@@ -158,6 +158,16 @@ def test_engines_list_their_bundles_and_the_share_of_their_children():
     assert e.env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
     assert e.env["PLACECTL_BUNDLE_INDICES"] == "2,3" and e.env["PLACECTL_CHILD_SHARE"] == "0.5"
     assert "VLLM_RAY_BUNDLE_INDICES" not in e.env
+    # Its second child: the rest of its second GPU, in that GPU's bundle, inside the group.
+    e = msgspec.structs.replace(e, placement_group_id="ab" * 18)  # a group id as Ray's
+    child = e.child_options(1)
+    assert (
+        child["num_gpus"] == 0.5 and child["runtime_env"]["env_vars"]["CUDA_VISIBLE_DEVICES"] == "7"
+    )
+    strategy = child["scheduling_strategy"]
+    assert strategy.placement_group_bundle_index == 3
+    assert strategy.placement_group_capture_child_tasks
+    assert strategy.placement_group.id.hex() == e.placement_group_id
 
 
 def test_vllm_engines_get_vllms_variables_and_leave_devices_to_ray():
