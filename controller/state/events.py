@@ -225,38 +225,28 @@ def operator_set(hashed: str, now: float | None = None) -> Event:
     )
 
 
-def fenced(node_id: str, ip: str, why: str, now: float | None = None) -> Event:
-    """The event of a node fenced: placectl told Ray it is dead, and why."""
+def _of_node(kind: str, node_id: str, ip: str, what: str, now: float | None) -> Event:
+    """An event about one node, named by its address and id: "node <where> <what>"."""
     where = f"{ip} ({node_id[:12]})" if ip else node_id[:12]
     return Event(
-        job="",
-        kind=FENCED,
-        message=f"node {where} fenced: {why}",
-        at=time.time() if now is None else now,
+        job="", kind=kind, message=f"node {where} {what}", at=time.time() if now is None else now
     )
+
+
+def fenced(node_id: str, ip: str, why: str, now: float | None = None) -> Event:
+    """The event of a node fenced: placectl told Ray it is dead, and why."""
+    return _of_node(FENCED, node_id, ip, f"fenced: {why}", now)
 
 
 def suspected(node_id: str, ip: str, why: str, now: float | None = None) -> Event:
     """The event of a node suspected: silent to the controller and to the witnesses it
     asked; its slots move to other nodes, the node is kept (not fenced)."""
-    where = f"{ip} ({node_id[:12]})" if ip else node_id[:12]
-    return Event(
-        job="",
-        kind=SUSPECTED,
-        message=f"node {where} suspected: {why}",
-        at=time.time() if now is None else now,
-    )
+    return _of_node(SUSPECTED, node_id, ip, f"suspected: {why}", now)
 
 
 def back(node_id: str, ip: str, why: str, now: float | None = None) -> Event:
     """The event of a suspected node answering again: kept, not lost."""
-    where = f"{ip} ({node_id[:12]})" if ip else node_id[:12]
-    return Event(
-        job="",
-        kind=BACK,
-        message=f"node {where} is back: {why}",
-        at=time.time() if now is None else now,
-    )
+    return _of_node(BACK, node_id, ip, f"is back: {why}", now)
 
 
 def denied(key: str, why: str, now: float | None = None) -> Event:
