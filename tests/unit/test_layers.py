@@ -1,7 +1,9 @@
 """The layers and rooms of the code, read from its source:
 
-* dependencies point one way: ``planning`` <- ``state`` <- ``runtime`` <- ``clients``,
-  and inside ``controller`` only the Ray edge imports Ray;
+* dependencies point one way: ``planning`` <- ``state`` <- ``runtime`` <- ``clients``
+  (which reach the runtime through ``controller.surface`` alone), and inside
+  ``controller`` Ray is imported only by the runtime's edge and by the records'
+  scheduling options (``RAY_HOMES``);
 * no object reads or writes another object's private attributes (an attribute whose
   name starts with ``_`` is touched only through ``self``/``cls``), so each class of
   ``controller/runtime`` keeps its own state and the others go through its methods;
