@@ -5,6 +5,8 @@ is leaked, swept or counted twice."""
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import pytest
 
@@ -299,3 +301,24 @@ def test_the_history_tells_when_spares_are_held_and_taken():
 async def _len_at_least(make, n):
     got = await make()
     return got if len(got) >= n else None
+
+
+def test_a_queue_quota_holds_only_the_spares_it_has_room_for():
+    """Held spares count against their queue's quota like slots (#59): a reservation of
+    4 GPUs asking for 2 spares of 4 in a queue of 8 holds one, and says why."""
+
+    async def go():
+        fake = cluster(gpu_nodes=4)
+        ctl = await controller(fake)
+        await ctl.set_quota("team", {"GPU": 8}, force=True)
+        await ctl.reserve("j", with_spares(2), 5, queue="team")
+        rec = await held(fake, "j", 1)
+        for _ in range(20):  # the Holder tries again; it never goes past the quota
+            await asyncio.sleep(0.05)
+        rec = stored(fake, "j")
+        assert len(rec.spares) == 1
+        (used,) = usage([rec], {"team": {"GPU": 8}}, now=0.0)
+        assert used.used["GPU"] == 8
+        await ctl.stop()
+
+    run(go())

@@ -34,6 +34,7 @@ from controller.runtime.core import groups
 from controller.runtime.core.context import Context
 from controller.runtime.core.stewards import Trigger
 from controller.runtime.edge import CREATED
+from controller.state.queueing import usage
 from controller.state.records import AUTO, READY, ReservationRecord, SlotRecord
 from controller.state.spares import (
     choose_spare,
@@ -142,6 +143,24 @@ class Holder:
         if left:
             log.warning("dropped spares of %r not removed yet: %s", job, sorted(left))
 
+    def _quota_room(self, res: ReservationRecord, need: dict[str, float]) -> int | None:
+        """How many more spares of ``need`` the quota of ``res``'s queue leaves room for
+        (what its placed reservations and held spares use counted), or None without one."""
+        limits = self._state.quotas.get(res.queue) if res.queue else None
+        if not limits:
+            return None
+        used = next(
+            (u.used for u in usage(self._state.records.values(), self._state.quotas, core.wall())
+             if u.queue == res.queue),
+            {},
+        )  # fmt: skip
+        fits = [
+            int((limit - used.get(k, 0.0)) // need[k] + 1e-9)
+            for k, limit in limits.items()
+            if need.get(k, 0.0) > 0
+        ]
+        return max(0, min(fits)) if fits else None
+
     async def _take(self, res: ReservationRecord, kept: list[SlotRecord], n: int) -> list:
         """Up to ``n`` new held spares on free nodes, placed and probed; why there are
         fewer is logged once. Every group made is removed if this fails."""
@@ -152,6 +171,19 @@ class Holder:
         await self._demand.settle(key)  # a node that joined for a spare: free to take now
         rank, bundles = spare_bundles(res)
         need = need_of(bundles)
+        room = self._quota_room(res, need)
+        if room is not None and room < n:  # a spare is held against the quota like a slot
+            why = (
+                f"holds {len(kept) + room} of {res.spec.spares} spares: queue {res.queue!r}'s "
+                f"quota leaves room for {room} more"
+            )
+            if self._short.get(res.job) != why:
+                log.warning("reservation %r %s", res.job, why)
+            self._short[res.job] = why
+            self._after[res.job] = core.now() + self.settings.repair_retry
+            n = room
+            if n <= 0:
+                return []
         await self._nodes.refresh()
         draining = self._nodes.draining
         live = [
