@@ -16,6 +16,7 @@ import ray
 from clients import slot_sweep
 from clients.launching import (
     WORKER_NAMESPACE,
+    detached_worker,
     options_for,
     rank_kwargs_for,
     worker_name,
@@ -303,7 +304,17 @@ class Roster:
             if key_of(a) in self.standbys.running:
                 continue
             name = standby_name(self.job, self.component, a)
-            actor, name, tag = self.start(a, 0, name, standby=True)
+            try:
+                actor, name, tag = self.start(a, 0, name, standby=True)
+            except ValueError:  # the name is taken
+                if not self.detached:
+                    raise
+                # Another driver of this detached group started it a moment ago (both
+                # refilling after a repair): it is this group's standby too.
+                actor = detached_worker(name, "standby")
+                self.standbys.adopt(a, actor, name)
+                started.append(actor)
+                continue
             self.standbys.running[key_of(a)] = (actor, a, name, tag)
             started.append(actor)
         return started

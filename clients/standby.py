@@ -162,11 +162,6 @@ def promote_here(
     return os.getpid(), BECAME
 
 
-def still_standing(name: str) -> bool:
-    """Whether the detached standby ``name`` is still a standby (not promoted)."""
-    return promoted_as(name) is None
-
-
 def find_ranks(
     reservation: Any, component: str, assignments: list[Assignment], worker_cls: Any
 ) -> tuple[list, list, list[tuple[Assignment, Any, str]]]:
@@ -186,7 +181,7 @@ def find_ranks(
             with contextlib.suppress(PlacementError):
                 found = (detached_worker(name), name)
                 break
-        if found is not None and found[1] == spare and still_standing(spare):
+        if found is not None and found[1] == spare and promoted_as(spare) is None:
             if worker_cls is None:
                 raise PlacementError(
                     f"{reservation.job}/{component} rank {a.placement.rank}: its slot "
@@ -220,9 +215,7 @@ class Standbys:
         for a in wanted:
             name = standby_name(job, component, a)
             with contextlib.suppress(ValueError):
-                actor = ray.get_actor(name, namespace=WORKER_NAMESPACE)
-                # A detached worker's tag follows from its name (clients.roster).
-                self.running[key_of(a)] = (actor, a, name, new_tag(a.uid, name, True))
+                self.adopt(a, ray.get_actor(name, namespace=WORKER_NAMESPACE), name)
 
     def drop(self, keep: set[Key]) -> list[tuple[Assignment, str]]:
         """Kill the standbys not in ``keep``; their assignments and tags, for the
@@ -244,7 +237,8 @@ class Standbys:
         return gone
 
     def adopt(self, a: Assignment, actor: Any, name: str) -> None:
-        """Keep the detached standby ``name`` found in the bundle of ``a``."""
+        """Keep the detached standby ``name`` found in the bundle of ``a`` (its tag
+        follows from its name, as :mod:`clients.roster` made it)."""
         self.running[key_of(a)] = (actor, a, name, new_tag(a.uid, name, True))
 
     def take(self, fresh: Assignment) -> tuple[Any, Assignment, str | None, str] | None:

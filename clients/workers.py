@@ -165,7 +165,8 @@ class WorkerGroup:
         reservation no longer holds (the component says ``standby: true``); the actors
         started (not waited for). :meth:`repair` calls it; call it at a step boundary
         to use a spare held since (the controller takes a new one after each repair):
-        one GCS read when the held spares did not change."""
+        when nothing changed, one GCS read for the held spares and one per standby
+        (Ray's actor table, to replace a dead one)."""
         if not self.reservation.spec.component(self.component).standby:
             return []
         # A standby that crashed, or whose spare died, is listed no more: Ray's actor
