@@ -35,6 +35,7 @@ _LAZY = {
     "UndecidedNodes": "controller.errors",
     "UnknownReservation": "controller.errors",
     "ControllerNotFound": "controller.errors",
+    "StaleWeights": "clients.weights",  # the weights-version guard's
 }
 
 __all__ = sorted(_LAZY)

@@ -168,12 +168,16 @@ def render_summary(cp: ComponentPlacement) -> list[str]:
 
 
 def render_reservation(
-    info, assignments: dict[str, list], standbys: dict[str, list[str]] | None = None
+    info,
+    assignments: dict[str, list],
+    standbys: dict[str, list[str]] | None = None,
+    short: dict | None = None,
 ) -> str:
     """A reserved job's map: one row per node slot (with its IP), one cell per physical
-    accelerator id listing the ``component:ranks`` on it; then its held spares and, per
-    component with standbys, how many are ready, starting and missing (``standbys``:
-    each standby's state, by component)."""
+    accelerator id listing the ``component:ranks`` on it; then its held spares, per
+    component with standbys how many are ready, starting and missing (``standbys``:
+    each standby's state, by component), and the groups running short (``short``:
+    each one's :class:`clients.short.ShortRecord`, by component)."""
     acc = info.accelerator
     on_node: dict[int, list] = {}
     for s in info.slots:  # a node may hold several groups after an apply
@@ -222,7 +226,17 @@ def render_reservation(
     for name, states in (standbys or {}).items():
         counts = ", ".join(f"{states.count(s)} {s}" for s in ("ready", "starting", "missing"))
         out.append(f"standbys of {name}: {counts}" if states else f"standbys of {name}: none")
+    out += [render_short(name, record) for name, record in (short or {}).items()]
     return "\n".join(out)
+
+
+def render_short(component: str, record, now: float | None = None) -> str:
+    """One line for a group running short (a :class:`clients.short.ShortRecord`)."""
+    ago = max((now or time.time()) - record.since, 0.0)
+    line = f"{component}: running short, ranks {record.ranks} lost {ago:.0f}s ago"
+    if record.ready:
+        return line + f"; replacements of {record.ready} ready, waiting for the job to admit them"
+    return line + "; their replacements are starting"
 
 
 def node_count(info) -> int:

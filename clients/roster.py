@@ -327,6 +327,18 @@ class Roster:
         del self.actors[world:], self.names[world:], self.tags[world:], self.assignments[world:]
         self.drop_prepared(keep={r for r in self.prepared if r < world})
 
+    def ready_ref(self, rank: int):
+        """The ``__ray_ready__`` ref of ``rank``'s waiting replacement."""
+        return self._ready[rank]
+
+    def swap_in(self, ranks: list[int], away: set[str] = frozenset()) -> None:
+        """Make the waiting replacements of ``ranks`` the ranks, their old workers
+        stopped (but on the nodes ``away``); the other replacements keep waiting."""
+        self.stop(ranks, reused=set(), away=away)
+        for r in ranks:
+            self.actors[r], self.assignments[r], self.names[r], self.tags[r] = self.prepared.pop(r)
+            self._ready.pop(r, None)
+
     def prepared_ready(self) -> bool:
         """Whether every replacement waiting has finished starting."""
         refs = [self._ready[r] for r in self.prepared]

@@ -1,4 +1,10 @@
-"""Worker groups: one actor per rank of a component, each in its bundle, with its env."""
+"""Worker groups: one actor per rank of a component, each in its bundle, with its env.
+
+The group's launch, attach, repair and restart; which ranks it sends work to and its
+calls are :mod:`clients.serving`'s, following a new epoch :mod:`clients.moves`'s, its
+ranks' actors :mod:`clients.roster`'s, its standbys :mod:`clients.standby`'s, running
+short :mod:`clients.short`'s.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import msgspec
 import ray
 
 from clients import verdict
@@ -18,14 +23,17 @@ from clients.launching import (
     rank_kwargs_for,
     wait_until_ready,
 )
+from clients.moves import Moves
 from clients.roster import Launch, Roster
+from clients.serving import Serving
+from clients.short import Replacements
 from clients.standby import find_ranks, held_groups, key_of, standbys_to_come
-from clients.sync import SyncResult, can_keep, plan_sync
+from clients.sync import can_keep
 from controller import PlacementError
 from controller.state.assignments import Assignment
 
 
-class WorkerGroup:
+class WorkerGroup(Serving, Moves):
     """The actors of one component, in rank order.
 
     Workers belong to the driver that launched them (or, with ``detached=True``, to no
@@ -33,10 +41,17 @@ class WorkerGroup:
     reservation, so the next launch schedules at once.
     """
 
-    def __init__(self, reservation: Any, component: str, roster: Roster) -> None:
+    def __init__(
+        self, reservation: Any, component: str, roster: Roster, attached: bool = False
+    ) -> None:
         self.reservation = reservation
         self.component = component
         self._roster = roster
+        self._short = Replacements(reservation, component, roster, None)
+        if attached:
+            # A dead driver's record of running short goes: repair() finds what is lost
+            # anew (a replacement it started is attached as the rank, holding no weights).
+            self._short.stop()
 
     @property
     def detached(self) -> bool:
@@ -139,7 +154,7 @@ class WorkerGroup:
             roster.standbys.find(reservation.job, component, reservation.standbys(component))
         for a, actor, name in standing:  # promoted by the next repair()
             roster.standbys.adopt(a, actor, name)
-        return cls(reservation, component, roster)
+        return cls(reservation, component, roster, attached=True)
 
     @property
     def actors(self) -> list:
@@ -180,26 +195,6 @@ class WorkerGroup:
         if not died and held_groups(self.reservation) == running:
             return []
         return self._roster.refill_standbys(self.reservation.standbys(self.component))
-
-    def execute_async(self, method: str, *args: Any, **kwargs: Any) -> list:
-        """Call ``method`` on every rank; ObjectRefs in rank order."""
-        missing = [r for r, a in enumerate(self._roster.actors) if a is None]
-        if missing:
-            raise PlacementError(
-                f"{self.reservation.job}/{self.component}: ranks {missing} have no worker "
-                "(they were lost while no driver ran); repair() starts them"
-            )
-        return [getattr(a, method).remote(*args, **kwargs) for a in self._roster.actors]
-
-    def execute(self, method: str, *args: Any, **kwargs: Any) -> list:
-        """Call ``method`` on every rank and wait; results in rank order."""
-        return ray.get(self.execute_async(method, *args, **kwargs))
-
-    def execute_rank(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``method`` on one rank and wait for its result."""
-        if not 0 <= rank < len(self._roster.actors):
-            raise PlacementError(f"rank {rank}: out of range (0-{len(self._roster.actors) - 1})")
-        return ray.get(getattr(self._roster.actors[rank], method).remote(*args, **kwargs))
 
     def dead_ranks(self) -> list[int]:
         """The ranks Ray reports dead now: their node is dead, or their actor is (a
@@ -246,7 +241,11 @@ class WorkerGroup:
                 nothing.
 
         Returns:
-            The relaunched ranks (empty when none was gone or moved).
+            The relaunched ranks (empty when none was gone or moved). For a component
+            with ``on_loss: continue``: the ranks newly lost, returned once Ray's verdict
+            on them is in, none relaunched; :attr:`live` leaves them out, their
+            replacements start in the background, and :meth:`admit` makes them ranks
+            again (:mod:`clients.short`).
 
         Raises:
             ReservationTimeout: the reservation is not ready within ``timeout``.
@@ -266,6 +265,18 @@ class WorkerGroup:
             hung_after,
             say,
         )
+        if res.spec.component(self.component).runs_short:
+            # on_loss: continue: the job goes on with the ranks that answer; the lost
+            # ones' replacements start in the background (clients.short).
+            lost = sorted(set(self.dead_ranks()) - set(self._short.lost))
+            if lost:
+                self._short.lose(lost, verdict.away(nodes))
+                say(
+                    f"{res.job}/{self.component}: ranks {lost} lost; running short on "
+                    f"{len(self.live)} of {len(self._roster.actors)} until the job admits "
+                    "their replacements"
+                )
+            return lost
         res.wait_ready(max(timeout - (time.monotonic() - started), 1.0), progress=progress)
         fresh = res.assignments(self.component)
         if len(fresh) != len(self._roster.assignments):
@@ -307,81 +318,12 @@ class WorkerGroup:
             return []
         res = self.reservation
         res.wait_ready(timeout)
-        self._roster.relaunch(ranks, res.assignments(self.component))
+        with self._short.lock:
+            self._roster.relaunch(ranks, res.assignments(self.component))
+            self._short.settled(ranks)
         label = f"{res.job}/{self.component}"
         wait_until_ready([self._roster.actors[r] for r in ranks], label, timeout)
         return ranks
-
-    def sync(self, restart: bool = False, timeout: float = 300.0) -> SyncResult:
-        """Bring the running workers to the reservation's current epoch, after an
-        ``apply`` (or a repair): ranks that stopped or moved are killed, ranks that are
-        new or moved are started in their bundles, unchanged ranks keep running.
-
-        Args:
-            restart: when the component needs a new process group (its world size
-                changed, or its rank 0 moved), restart every rank instead of only the
-                ones that changed.
-            timeout: for the reservation to be ready and the new workers to start.
-
-        Returns:
-            What was kept, moved, started and stopped, and why the component needs a
-            new process group if it does (``restart_needed``).
-
-        Raises:
-            PlacementError: ranks must start but the group was attached, not launched
-                here (its constructor arguments are unknown).
-        """
-        res = self.reservation
-        res.wait_ready(timeout)
-        fresh = res.assignments(self.component) if self.component in res.components else []
-        result = plan_sync(self.component, res.epoch, self._roster.assignments, fresh)
-        dead = set(self.dead_ranks()) & set(result.kept)
-        if dead:  # kept in place, but its worker is gone: started again in its bundle
-            result = msgspec.structs.replace(
-                result,
-                kept=[r for r in result.kept if r not in dead],
-                moved=sorted({*result.moved, *dead}),
-            )
-        if restart and result.restart_needed:
-            every = list(range(len(fresh)))
-            result = msgspec.structs.replace(
-                result,
-                kept=[],
-                moved=every[: len(result.kept) + len(result.moved)],
-                restarted=True,
-            )
-        starting = sorted(result.moved + result.started)
-        if starting:
-            self._roster.require_launch("sync() must start ranks and")
-        self._roster.shrink(len(fresh))
-        self._roster.relaunch(starting, fresh)
-        if starting:
-            label = f"{res.job}/{self.component}"
-            wait_until_ready([self._roster.actors[r] for r in starting], label, timeout)
-        return result
-
-    def prepare(self) -> list[int]:
-        """Start now, beside the running workers, the replacements of the ranks whose
-        bundle the reservation's current epoch moved, without waiting for them: make
-        before break for a drain, whose old bundles stay until the node's deadline. The
-        next :meth:`sync` swaps them in (a kill, not a start). Call it again at each step
-        boundary: replacements of an assignment that changed meanwhile are dropped.
-
-        Returns:
-            The ranks with a replacement started (empty when nothing moved).
-        """
-        res = self.reservation
-        if self.component not in res.components or res.refresh().state != "ready":
-            return []
-        fresh = res.assignments(self.component)
-        moved = plan_sync(self.component, res.epoch, self._roster.assignments, fresh).moved
-        if moved:
-            self._roster.require_launch("prepare()")
-        return self._roster.prepare(moved, fresh)
-
-    def prepared_ready(self) -> bool:
-        """Whether every replacement :meth:`prepare` started has finished starting."""
-        return self._roster.prepared_ready()
 
     def shutdown(self, cleanup: str | None = None, timeout: float = 30.0) -> None:
         """Kill every worker; the reservation stays.
@@ -390,8 +332,9 @@ class WorkerGroup:
             cleanup: a method to call on every worker first (e.g. to destroy a process
                 group or flush a checkpoint); the workers get ``timeout`` seconds for it.
         """
+        self._short.stop()
         if cleanup is not None and self._roster.actors:
-            refs = [getattr(a, cleanup).remote() for a in self._roster.actors]
+            refs = [getattr(a, cleanup).remote() for a in self.live.values()]
             ray.wait(refs, num_returns=len(refs), timeout=timeout)
         self._roster.drop_standbys(set(), free_names=True)
         self._roster.shrink(0, wait=False)

@@ -195,8 +195,15 @@ def _status(ctl, job):
         standbys = {
             name: [state for _, state in rows] for name, rows in standby_states(res).items()
         }
+    short = {}
+    if res.info.state in ("ready", "degraded"):
+        from clients.short import short_states
+
+        short = short_states(res)  # groups of on_loss: continue running short now
     data = {"reservation": res.info, "assignments": assignments, "standbys": standbys}
-    return data, lambda: render_reservation(res.info, assignments, standbys)
+    if short:
+        data["short"] = short
+    return data, lambda: render_reservation(res.info, assignments, standbys, short)
 
 
 @cli.command()

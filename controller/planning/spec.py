@@ -26,8 +26,10 @@ from controller.planning.spec_groups import (
     node_group,
 )
 from controller.planning.spec_model import (
+    COLLECTIVE_COMPONENTS,
     ENGINES,
     ON_LOSS,
+    RANK_LOSS,
     RESERVED_GROUPS,
     WITHIN,
     ClusterSpec,
@@ -116,6 +118,32 @@ def _segment_rule(comp: _Component, where: str) -> SegmentRule | None:
             f"{where}.topology.on_loss {t.on_loss!r}: expected one of {', '.join(ON_LOSS)}"
         )
     return SegmentRule(segment=t.segment, within=t.within, on_loss=t.on_loss)
+
+
+def _rank_loss(comp: _Component, name: str, names: list[str], where: str) -> str:
+    """Check a component's ``on_loss``: ``continue`` only where each rank works alone."""
+    if comp.on_loss not in RANK_LOSS:
+        raise SpecError(f"{where}.on_loss {comp.on_loss!r}: expected one of {', '.join(RANK_LOSS)}")
+    if comp.on_loss != "continue":
+        return comp.on_loss
+    if name in COLLECTIVE_COMPONENTS:
+        raise SpecError(
+            f"{where}.on_loss continue: {name!r} is a trainer whose ranks form one collective "
+            "(a lost rank breaks every other rank's step); continue is for components whose "
+            "ranks each work alone (rollout, reward, env)"
+        )
+    if comp.standby:
+        raise SpecError(
+            f"{where}: standby: true and on_loss: continue are two answers to a lost rank "
+            "(promote a standby before going on, or go on short while a replacement starts): "
+            "pick one"
+        )
+    if comp.topology is not None:
+        raise SpecError(
+            f"{where}.on_loss continue: its topology makes groups of {comp.topology.segment} "
+            "ranks that work together (a lost rank breaks its group); drop one or the other"
+        )
+    return comp.on_loss
 
 
 def _engine_keys(comp: _Component, where: str) -> bool:
@@ -223,6 +251,7 @@ def _normalise(raw: _Cluster) -> ClusterSpec:
                     child_share=comp.child_share,
                     topology=_segment_rule(comp, where),
                     standby=comp.standby,
+                    on_loss=_rank_loss(comp, name, names, where),
                 )
             )
     unused = {k: getattr(raw, k) for k in RLINF_UNUSED if getattr(raw, k) is not None}

@@ -57,6 +57,7 @@ class _Component(_Strict):
     child_share: float | None = None
     topology: _Topology | None = None
     standby: bool = False
+    on_loss: str = "repair"
 
 
 # Keys RLinf's own configurations carry in their cluster block that say nothing about

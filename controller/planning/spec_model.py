@@ -13,6 +13,14 @@ RESERVED_GROUPS = ("cluster", "node")
 ENGINES = ("vllm",)
 WITHIN = ("nvlink-domain", "rack")
 ON_LOSS = ("wait", "span")
+# What a worker group does when a node of the component is lost: relaunch the lost ranks
+# before the job goes on (``repair``), or go on with the ranks that answer while the
+# replacements start in the background (``continue``: ranks that each work alone).
+RANK_LOSS = ("repair", "continue")
+# RLinf's components whose ranks form one collective (data, tensor or pipeline parallel
+# training, and the Megatron inference of reference log-probs): a rank lost breaks the
+# step of every other rank, so running short is refused for them.
+COLLECTIVE_COMPONENTS = ("actor", "critic", "inference")
 
 
 class PortRange(msgspec.Struct, frozen=True):
@@ -93,6 +101,10 @@ class ComponentSpec(msgspec.Struct, frozen=True, kw_only=True):
         standby: a worker group of it keeps standby processes running on the
             reservation's held spares (``cluster.spares``), promoted in place of ranks a
             lost node took: a repair starts no process for them.
+        on_loss: ``repair`` (default): a worker group's ``repair()`` relaunches the lost
+            ranks before it returns. ``continue``: it returns at once with them, the job
+            goes on with the ranks that answer, and the replacements start in the
+            background, admitted by the job at its next weight push (``admit()``).
     """
 
     name: str
@@ -106,6 +118,12 @@ class ComponentSpec(msgspec.Struct, frozen=True, kw_only=True):
     child_share: float | None = None
     topology: SegmentRule | None = None
     standby: bool = False
+    on_loss: str = "repair"
+
+    @property
+    def runs_short(self) -> bool:
+        """Its worker groups go on with the ranks that answer when ranks are lost."""
+        return self.on_loss == "continue"
 
     @property
     def starts_children(self) -> bool:

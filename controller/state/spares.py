@@ -216,6 +216,22 @@ def spare_bundles(res: ReservationRecord) -> tuple[int, list[BundleRecord]]:
     return rank, fresh
 
 
+def leaves_spares(res: ReservationRecord, plan: JobPlan | None, node_rank: int) -> bool:
+    """Whether the lost node ``node_rank`` leaves the held spares alone: standbys wait
+    on them (a component with ``standby: true``) and every rank on it is of a component
+    that runs short (``on_loss: continue``). Those ranks lose nothing by waiting for a
+    free node (the job goes on without them); taking the spare would cost the standbys'
+    ranks their standbys at their next loss."""
+    if plan is None or not any(c.standby for c in res.spec.components):
+        return False
+    on = {
+        name
+        for name, items in build_assignments(res, plan).items()
+        if any(a.placement.node_rank == node_rank for a in items)
+    }
+    return bool(on) and all(res.spec.component(n).runs_short for n in on)
+
+
 def held_for(
     res: ReservationRecord,
     dead: NodeView,

@@ -1,7 +1,7 @@
 """The embedded local cluster of ``scripts/job/train.py`` (a head and GPU nodes of 2 fake
-GPUs, or a running cluster given by address), and the machine faults train.py strikes it
-with, as real machines fail: processes killed, a node stopped, a drain with a deadline,
-SIGTERM to a node."""
+GPUs, or a running cluster given by address), the faults a run's schedule names
+(``--faults``), and the machine faults train.py strikes it with, as real machines fail:
+processes killed, a node stopped, a drain with a deadline, SIGTERM to a node."""
 
 from __future__ import annotations
 
@@ -13,6 +13,41 @@ from clients.testing import machines
 from clients.testing.local import local_cluster
 
 GPU_NODES, GPUS = 5, 2
+
+KINDS = (
+    "node",
+    "crash",
+    "hang",
+    "raylet",
+    "oom",
+    "stall",
+    "drain",
+    "spot",
+    "driver",
+    "controller",
+    "grow",
+    "rollout",
+)
+# A node is lost or goes: a spare joins after.
+NODE_FAULTS = ("node", "crash", "hang", "raylet", "drain", "spot", "rollout")
+
+
+def parse_faults(text: str, steps: int) -> list[tuple[str, int]]:
+    """``node@5,driver@9`` -> [("node", 5), ("driver", 9)], checked."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, _, at = part.partition("@")
+        if kind not in KINDS or not at.isdigit() or not 1 <= int(at) <= steps:
+            raise SystemExit(
+                f"train.py: error: --faults {part!r}: expected KIND@STEP with KIND one of "
+                f"{', '.join(KINDS)} and STEP in 1-{steps}"
+            )
+        if (kind, int(at)) in out:
+            raise SystemExit(f"train.py: error: --faults names {part!r} twice")
+        out.append((kind, int(at)))
+    if sum(k == "grow" for k, _ in out) > 1:
+        raise SystemExit("train.py: error: --faults: grow happens at most once")
+    return out
 
 
 class Cluster:
@@ -57,6 +92,9 @@ class Cluster:
         if kind in ("node", "crash"):
             machines.crash(self.local, self._node(data["node"]))
             return f"node {where} of trainer rank {data['rank']} died abruptly"
+        if kind == "rollout":
+            machines.crash(self.local, self._node(data["node"]))
+            return f"node {where} of rollout rank {data['rank']} died abruptly, mid-rollout"
         if kind == "raylet":
             machines.kill_raylet(self._node(data["node"]))
             return f"the raylet of node {where} (trainer rank {data['rank']}) was killed"

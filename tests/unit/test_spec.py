@@ -238,6 +238,43 @@ def test_numeric_labels_are_strings():
             {**BLOCK, "component_placement": {"a": "0-3:0-2:1"}},
             "cluster.component_placement.a '0-3:0-2:1': unexpected ':'",
         ),
+        (
+            {**BLOCK, "component_placement": {"rollout": {"placement": 0, "on_loss": "skip"}}},
+            "cluster.component_placement.rollout.on_loss 'skip': expected one of repair, continue",
+        ),
+        (
+            {**BLOCK, "component_placement": {"actor": {"placement": 0, "on_loss": "continue"}}},
+            "'actor' is a trainer whose ranks form one collective",
+        ),
+        (  # one key, two components: the trainer's refusal holds for the pair
+            {
+                **BLOCK,
+                "component_placement": {"actor,rollout": {"placement": 0, "on_loss": "continue"}},
+            },
+            "cluster.component_placement.actor,rollout.on_loss continue: 'actor' is a trainer",
+        ),
+        (
+            {
+                **BLOCK,
+                "component_placement": {
+                    "rollout": {
+                        "placement": "0-1",
+                        "on_loss": "continue",
+                        "topology": {"segment": 2},
+                    }
+                },
+            },
+            "its topology makes groups of 2 ranks that work together",
+        ),
+        (
+            {
+                **BLOCK,
+                "component_placement": {
+                    "rollout": {"placement": 0, "on_loss": "continue", "standby": True}
+                },
+            },
+            "standby: true and on_loss: continue are two answers to a lost rank",
+        ),
     ],
 )
 def test_errors_name_the_key_path(conf, message):
@@ -261,6 +298,20 @@ def test_unreadable_input(source, message):
     with pytest.raises(SpecError) as info:
         load_spec(source)
     assert message in str(info.value)
+
+
+def test_on_loss_continue_is_kept_for_components_whose_ranks_work_alone():
+    spec = load_spec(
+        {
+            "num_nodes": 2,
+            "component_placement": {
+                "actor": "0-1",
+                "rollout": {"placement": "2-3", "on_loss": "continue"},
+            },
+        }
+    )
+    assert spec.component("rollout").runs_short
+    assert not spec.component("actor").runs_short  # the default: repair before going on
 
 
 def test_equal_meaning_gives_equal_specs():

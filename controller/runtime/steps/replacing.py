@@ -25,7 +25,7 @@ from controller.runtime.edge import CREATED
 from controller.runtime.steps.leasing import Leaser
 from controller.state import spares
 from controller.state.causes import DRAIN, OWN_NODE, RESPONSES
-from controller.state.records import READY, ReservationRecord
+from controller.state.records import DEGRADED, READY, ReservationRecord
 from controller.state.wants import Want, for_spare
 
 log = logging.getLogger("placectl.controller")
@@ -62,7 +62,12 @@ class Replacer:
         those nodes are replaced too, on other nodes. ``res`` is never changed, and on
         failure every group made for the attempt is removed. New master ports stay held
         in ``holds`` until the caller has written the record. A lost node's slots go to
-        a held spare of their shape first (``cluster.spares``): nothing to place."""
+        a held spare of their shape first (``cluster.spares``): nothing to place; but
+        the slots of a node whose ranks all run short (``on_loss: continue``) go to a
+        free node, leaving the spare to the standbys waiting on it. A repair replaces
+        what it can: the lost nodes with a place go there, and the record (epoch + 1)
+        stays ``degraded``, saying why and asking the autoscaler, for those without; a
+        move is all or nothing."""
         await self._nodes.refresh()
         table = await self._io.groups(sorted(res.group_ids()))
         found = groups.broken_slots(res, table, self._nodes, self._nodes.suspected())
@@ -99,7 +104,11 @@ class Replacer:
             bundles = [b for i in idxs for b in res.slots[i].bundles]
             sel = spares.selectors_for(res, node_rank)
             dead = res.nodes[node_rank]
-            held = spares.held_for(res, dead, bundles, usable, taken, sel, keep)
+            held = (
+                None
+                if spares.leaves_spares(res, plan, node_rank)
+                else spares.held_for(res, dead, bundles, usable, taken, sel, keep)
+            )
             if held is not None:
                 taken.add(res.spares[held].node_id)
                 adopted[held] = idxs
@@ -124,11 +133,16 @@ class Replacer:
             taken.add(spare.node_id)
             self._claims.claim(who, spare.node_id, need)  # before any await: no other takes it
             parts.append((spare, idxs))
+        want, left = None, ""
         if short:
             alive = self._nodes.alive_view(res.spec.accelerator)  # no demand lands on any
             wants = [for_spare(slots, node, alive, res.spec.accelerator) for node, slots in short]
             want = Want(groups=[g for w in wants for g in w.groups], why=wants[0].why)
-            return None, f"{why}; asked the autoscaler for {want.describe()}", set(), want
+            left = f"{why}; asked the autoscaler for {want.describe()}"
+            if draining is not None or not (parts or adopted):
+                return None, left, set(), want
+            # A repair takes what it can and leaves the rest degraded, never all or nothing:
+            # a node with a spare is replaced now, the one without waits for a node.
         self._incarnation.crash_point("replace_after_plan")
         token = secrets.token_hex(3)
         fresh = [
@@ -191,8 +205,8 @@ class Replacer:
                 cores=[x for x in res.cores if x.node_id not in moved],
                 spares=[s for j, s in enumerate(res.spares) if j not in adopted],
                 epoch=res.epoch + 1,
-                state=READY,
-                reason="",
+                state=DEGRADED if left else READY,
+                reason=left,
             )
             plan = (await self._state.plan(res.job)).plan
             new = spares.settle_standby_leases(new, plan)  # a promoted standby's: its rank's
@@ -206,5 +220,8 @@ class Replacer:
             if isinstance(e, Exception):
                 return None, f"replacing slots {broken} failed, will retry: {e}", set(), None
             raise
-        log.warning("reservation %r: replaced slots %s (epoch %d)", res.job, broken, new.epoch)
-        return new, "", {res.slots[i].group_id for i in broken} - {""}, None
+        replaced = sorted(i for _, idxs in parts for i in idxs)
+        log.warning("reservation %r: replaced slots %s (epoch %d)", res.job, replaced, new.epoch)
+        if left:
+            log.warning("reservation %r stays degraded: %s", res.job, left)
+        return new, "", {res.slots[i].group_id for i in replaced} - {""}, want

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 
 import ray
 
@@ -85,14 +86,91 @@ def warm_standbys(res, groups: dict, spec: dict) -> None:
     gather([a.__ray_ready__.remote() for g in groups.values() for a in g.standbys], 600)
 
 
-def publish(groups: dict, version: int) -> None:
-    """Every rollout worker takes trainer rank 0's weights as of step ``version`` and
-    confirms it holds them; a worker generates only for the version it holds (a promoted
-    standby engine included, whose first weights these are)."""
+def publish(groups: dict, version: int, lost: Callable[[], None] | None = None) -> list[int]:
+    """The job's weight push: the ready replacements of rollout ranks lost meanwhile
+    (``on_loss: continue``) are admitted first, then every live rollout rank takes
+    trainer rank 0's weights as of step ``version`` and says it holds them
+    (``WorkerGroup.push``, :mod:`clients.weights`); a rank generates only for the
+    version it holds (a promoted standby or an admitted replacement included, whose
+    first weights these are). A rank found gone meanwhile when rollout may run short is
+    left to ``lost()`` (default: the group's ``repair()``), and the push goes on. Returns
+    the ranks admitted."""
+    rollout = groups["rollout"]
+    short = rollout.reservation.spec.component(rollout.component).runs_short
+    admitted = rollout.admit() if rollout.short else []
     weights = groups["actor"].actors[0].weights.remote()
-    held = gather([g.load.remote(weights, version) for g in groups["rollout"].actors])
-    if held != [version] * len(held):
-        raise RuntimeError(f"rollout workers confirmed weights {held}, not {version}")
+    for attempt in range(3):
+        try:
+            rollout.push("load", weights, version, version=version)
+            return admitted
+        except GONE:  # a rank lost since the last step: found lost, the rest take them
+            if not short or attempt == 2:
+                raise
+            (lost or (lambda: rollout.repair(timeout=300)))()
+    return admitted
+
+
+# A rollout rank's call that fails as one whose worker is gone (its node lost, its
+# process killed): with on_loss: continue its prompts go to the others.
+# (ActorUnavailableError, a worker not reachable for now, is one: the repair's verdict
+# tells a blip from a loss, and a rank that answers again serves again.)
+GONE = ray.exceptions.RayActorError
+
+
+def roll_out(
+    group,
+    step: int,
+    version: int,
+    prompts: list[int],
+    timeout: float,
+    lost: Callable[[], None],
+    started: Callable[[], None] = lambda: None,
+) -> list:
+    """Every prompt's group of samples, sorted by prompt: the prompts split over the
+    ranks serving weights ``version`` (``WorkerGroup.serving``). When a rank's call
+    fails because its worker is gone and the group may run short, ``lost()`` has the
+    group find what is lost (its ``repair()``, which returns at once for such a group),
+    and that call's prompts go to the ranks still serving, queued behind their own:
+    the step goes on, and since each prompt's samples are seeded by the prompt, its
+    results are those of a step that lost nothing. Otherwise the error is raised.
+    ``started()`` runs once the first calls are out (where a fault mid-rollout strikes).
+
+    Raises:
+        StepTimeout: not done within ``timeout``, or no rank serves ``version``.
+    """
+    deadline = time.monotonic() + timeout
+    short = group.reservation.spec.component(group.component).runs_short
+    rolled: list = []
+    calls: dict = {}
+
+    def send(todo: list[int]) -> None:
+        serving = group.serving(version)
+        if short and len(serving) < len(group.live):  # one silent: lost, or only slow?
+            lost()
+            serving = group.serving(version)
+        if not serving:
+            raise StepTimeout(f"no rollout rank serves weights {version}")
+        for actor, part in zip(serving.values(), split(todo, len(serving)), strict=True):
+            if part:
+                calls[actor.generate.remote(step, part, version)] = part
+
+    send(list(prompts))
+    started()
+    while calls:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise StepTimeout(f"{len(calls)} rollout calls unfinished after {timeout:g}s")
+        done, _ = ray.wait(list(calls), num_returns=1, timeout=left)
+        for ref in done:
+            part = calls.pop(ref)
+            try:
+                rolled += ray.get(ref)
+            except GONE:
+                if not short:
+                    raise
+                lost()
+                send(part)
+    return sorted(rolled)
 
 
 def rejoin(groups: dict, last: int) -> dict[str, float]:

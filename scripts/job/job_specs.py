@@ -1,0 +1,64 @@
+"""The GRPO job's cluster block for each layout and way of recovering, and the settings
+of its ``--rollout vllm`` mode: what ``train.py`` and the benchmarks run it with."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import msgspec
+import yaml
+from grpo.config import TrainConfig
+
+HERE = pathlib.Path(__file__).resolve().parent
+SPEC = HERE.parent / "examples" / "grpo.yaml"
+VLLM_SPEC = HERE.parent / "examples" / "grpo_vllm.yaml"
+SPLIT_SPEC = HERE.parent / "examples" / "grpo_split.yaml"
+SPLIT_GPU_NODES = 6  # --layout split: five for the job, one free
+# What every process of the embedded cluster sees in --rollout vllm: the engines' own
+# processes import the job's worker extension; a small KV cache (GiB; the default takes a
+# share of the machine's memory); the model is made here, nothing comes from a hub.
+VLLM_ENV = {
+    "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1])]),
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+VLLM_LR = 1e-2  # Adam on the embeddings and norms (grpo.lm); the GRU's 2e-2 overshoots
+VLLM_GPU_NODES = 3  # --rollout vllm: two for the job, one spare
+
+
+def engine_config(config: TrainConfig, out: str) -> TrainConfig:
+    """``config`` for ``--rollout vllm``: the tiny language model, made under ``out``."""
+    from clients.testing.tiny_model import build
+
+    model = build(pathlib.Path(out) / "model", seed=config.seed)
+    return msgspec.structs.replace(
+        config, rollout="vllm", model=str(model), lr=VLLM_LR, gpu_ms_per_token=0.0
+    )
+
+
+def with_standby(spec: dict, degraded: bool = False) -> dict:
+    """``spec`` holding one spare node (``spares: 1``), with standbys of the components on
+    GPUs there (the trainers and rollout, a vLLM engine included); ``degraded``: standby
+    trainers, and rollout that runs short when it loses ranks (``on_loss: continue``)."""
+    out = {**spec, "spares": 1, "component_placement": {}}
+    for key, value in spec["component_placement"].items():
+        for name in (n.strip() for n in key.split(",")):
+            comp = dict(value) if isinstance(value, dict) else {"placement": value}
+            if degraded and name == "rollout":
+                comp["on_loss"] = "continue"
+            elif "node_group" not in comp:
+                comp["standby"] = True
+            out["component_placement"][name] = comp
+    return out
+
+
+def job_spec(config: TrainConfig, layout: str, mode: str) -> dict:
+    """The job's cluster block: its layout's, with what ``mode`` (``standby``,
+    ``degraded``, or anything else: as written) adds."""
+    path = VLLM_SPEC if config.rollout == "vllm" else SPLIT_SPEC if layout == "split" else SPEC
+    spec = yaml.safe_load(path.read_text())["cluster"]
+    if mode in ("standby", "degraded"):
+        spec = with_standby(spec, degraded=mode == "degraded")
+    return spec

@@ -1,0 +1,107 @@
+"""Running short on a real local cluster (``on_loss: continue``): a node lost abruptly
+under a rollout-like group costs its ranks, not the job. ``repair()`` returns with them
+once Ray's verdict is in, before any replacement runs; the other ranks keep serving; the
+replacements start in the background on the node the reservation now puts the slots on,
+and take work only once admitted and pushed the job's weights. Read from the processes
+(their pids, Ray's runtime context in them, the versions they say they hold) and from
+``placectl status``, never from placectl's own records."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import ray
+
+import clients
+import clients.weights
+from tests.integration.conftest import local_cluster, placectl_cli, remove, wait_for
+
+JOB = "short"
+CONF = {
+    "num_nodes": 3,  # head + two nodes of 4 GPUs; a third stays free for the repair
+    "component_placement": {"rollout": {"placement": "0,1,4,5", "on_loss": "continue"}},
+}
+LOAD_S = 3.0  # each replacement's start: long enough to see the group go on without it
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head (no GPUs) + three nodes of 4 fake GPUs: the job's two and a free one."""
+    yield from local_cluster(gpu_nodes=3)
+
+
+class Engine:
+    def __init__(self) -> None:
+        time.sleep(LOAD_S)
+
+    def load(self, version: int) -> int:
+        clients.weights.hold(version)
+        return version
+
+    def generate(self, prompts: list[int], version: int) -> list[int]:
+        clients.weights.require(version)
+        return [p * 10 for p in prompts]
+
+    def seen(self) -> dict:
+        ctx = ray.get_runtime_context()
+        return {"pid": os.getpid(), "node": ctx.get_node_id(), "rank": os.environ["RANK"]}
+
+
+def test_a_lost_node_costs_its_ranks_and_the_group_goes_on_until_it_admits_them(cluster):
+    ctl = clients.connect()
+    try:
+        res = ctl.reserve(JOB, CONF, timeout_s=120)
+        group = clients.WorkerGroup.launch(res, "rollout", Engine, detached=True)
+        group.push("load", 1, version=1)
+        assert sorted(group.serving(1)) == [0, 1, 2, 3]
+        before = {r: ray.get(a.seen.remote()) for r, a in group.live.items()}
+        lost_node = before[3]["node"]
+        assert before[2]["node"] == lost_node != before[0]["node"]
+
+        remove(cluster, lost_node)  # abruptly: every process of the node killed
+        started = time.monotonic()
+        lost = group.repair(timeout=120, hung_after=5)
+        took = time.monotonic() - started
+        assert lost == [2, 3]
+        assert group.short == [2, 3]
+        # repair() did not wait for a replacement's start (each takes LOAD_S)
+        assert not group.replacements_ready(), f"repair() took {took:.1f}s"
+        # the survivors serve on, the same processes
+        serving = group.serving(1)
+        assert sorted(serving) == [0, 1]
+        assert all(ray.get(serving[r].seen.remote())["pid"] == before[r]["pid"] for r in (0, 1))
+        assert ray.get([a.generate.remote([r], 1) for r, a in serving.items()]) == [[0], [10]]
+        with pytest.raises(clients.PlacementError, match="runs short"):
+            group.execute_async("generate", [0], 1)
+
+        # placectl status says so, from another process
+        said = placectl_cli(cluster.address, "status", JOB)
+        assert said.returncode == 0, said.stderr
+        assert "rollout: running short, ranks [2, 3]" in said.stdout
+
+        ready = wait_for(lambda: group.replacements_ready() == [2, 3] and [2, 3], timeout=120)
+        assert group.admit(ready) == [2, 3]
+        assert group.short == []
+        fresh = res.assignments("rollout")
+        now = {r: ray.get(a.seen.remote()) for r, a in group.live.items()}
+        for r in (2, 3):  # where Ray runs them is where the reservation put the slots
+            assert now[r]["node"] == fresh[r].placement.node_id != lost_node
+            assert now[r]["rank"] == str(r)
+        # admitted, but holding no weights of the job: no work until the push
+        assert group.versions() == {0: 1, 1: 1, 2: None, 3: None}
+        assert sorted(group.serving(1)) == [0, 1]
+        with pytest.raises(clients.StaleWeights, match="rank 2: None, rank 3: None"):
+            group.execute_async("generate", [0], 1, version=1)
+        with pytest.raises(ray.exceptions.RayTaskError, match="holds the weights of version"):
+            ray.get(group.live[2].generate.remote([0], 1))  # the rank refuses by itself
+
+        group.push("load", 2, version=2)
+        assert sorted(group.serving(2)) == [0, 1, 2, 3]
+        assert ray.get(group.execute_async("generate", [4], 2, version=2)) == [[40]] * 4
+        said = placectl_cli(cluster.address, "status", JOB)
+        assert "running short" not in said.stdout
+        group.shutdown()
+    finally:
+        ctl.release_all()

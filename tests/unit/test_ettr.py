@@ -1,0 +1,78 @@
+"""The ETTR benchmark's arithmetic and schedule (scripts/bench/bench_ettr.py,
+``grpo.report.ettr``), on run records written by hand: what counts as training time,
+what as a redone step, and that one seed gives one schedule for every mode."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "scripts" / "job"), str(ROOT / "scripts" / "bench")]
+
+from bench_ettr import schedule  # noqa: E402
+from grpo import report  # noqa: E402
+
+
+def step(n: int, end: float, took: float = 2.0) -> dict:
+    parts = {"rollout": took / 2, "reward": 0.0, "train": took / 2, "sync": 0.0}
+    return {"step": n, "finished_at": end, "seconds": parts}
+
+
+def test_a_run_without_faults_has_an_ettr_of_one():
+    run = {"steps": [step(n, 2.0 * n) for n in range(1, 11)], "events": [], "faults": []}
+    got = report.ettr(run)
+    assert got["ettr"] == pytest.approx(1.0)
+    assert got["redone"] == 0
+
+
+def test_a_stop_counts_against_it_and_a_redone_step_is_counted_once():
+    # steps of 2 s; a fault at 9.0 during step 5, which is redone after a 10 s recovery
+    ends = [2, 4, 6, 8, 22, 24, 26, 28, 30, 32]
+    run = {
+        "steps": [step(n, float(e)) for n, e in enumerate(ends, 1)],
+        "events": [
+            {"kind": "repaired", "step": 5},
+            {"kind": "recovery failed", "step": 5},
+            {"kind": "launched"},
+        ],
+        "faults": [{"kind": "node", "step": 5, "at": 9.0}],
+    }
+    got = report.ettr(run)
+    assert got["wall_s"] == pytest.approx(32.0)  # from the first step's start
+    assert got["ettr"] == pytest.approx(20.0 / 32.0)
+    assert got["redone"] == 1
+    assert got["to_next_step_s"] == [pytest.approx(13.0)]
+
+
+def test_a_slow_step_counts_what_it_should_have_taken():
+    """A step that ran slower while a rollout rank was missing is not training time in
+    full: the run's typical step is."""
+    took = [2.0] * 8 + [3.0, 3.0]
+    ends, t = [], 0.0
+    for x in took:
+        t += x
+        ends.append(t)
+    run = {
+        "steps": [step(n, e, x) for n, (e, x) in enumerate(zip(ends, took, strict=True), 1)],
+        "events": [{"kind": "short", "step": 9}],
+        "faults": [],
+    }
+    got = report.ettr(run)
+    assert got["ettr"] == pytest.approx(20.0 / 22.0)
+    assert got["redone"] == 0  # running short redoes nothing
+
+
+def test_one_seed_gives_one_schedule_of_trainer_and_rollout_nodes_in_turn():
+    faults = schedule(100, 20, seed=0)
+    assert faults == schedule(100, 20, seed=0)
+    assert len(faults) == 5
+    assert [k for k, _ in faults] in (
+        ["node", "rollout"] * 2 + ["node"],
+        ["rollout", "node"] * 2 + ["rollout"],
+    )
+    for i, (_, at) in enumerate(faults):
+        assert max(3, 20 * i + 1) <= at <= min(20 * (i + 1), 99)
+    assert schedule(100, 20, seed=1) != faults
