@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -44,7 +45,7 @@ from typing import Any
 
 import ray
 
-from controller.errors import UndecidedNodes
+from controller.errors import ReservationTimeout, UndecidedNodes
 from controller.state import verdicts as vd
 from controller.state.verdicts import ALIVE, DEAD, GONE, MOVED
 from controller.surface import DENIED, DOUBT_WAYS, OK, REFUSED, answers
@@ -293,3 +294,49 @@ def kill(actors: Sequence[Any], within: float = 10.0) -> None:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline and not all(actor_dead(a) for a in actors):
         time.sleep(0.1)
+
+
+def wait_placed(
+    reservation: Any,
+    component: str,
+    since: int,
+    verdicts: Mapping[str, str],
+    timeout: float,
+    progress: Callable[[str], None] | None = None,
+) -> None:
+    """Until ``reservation`` is ready, or repaired in part: degraded at an epoch after
+    ``since`` with none of ``component``'s slots on a node Ray reports dead or one the
+    ``verdicts`` found not alive. A repair places what it can (another component's lost
+    node may wait for a node to join, its ranks running short), and a group whose own
+    slots are placed need not wait for the rest.
+
+    Raises:
+        ReservationTimeout: neither within ``timeout``.
+    """
+    bad = {n for n, v in verdicts.items() if v != ALIVE}
+    say = progress or (lambda m: print(f"placectl: {m}", file=sys.stderr, flush=True))
+    started = time.monotonic()
+    deadline, next_say = started + timeout, started + 10.0
+    while True:
+        left = deadline - time.monotonic()
+        try:  # its own progress is quiet: each wait is short
+            reservation.wait_ready(max(min(left, 2.0), 0.1), progress=lambda _m: None)
+            return
+        except ReservationTimeout:
+            info = reservation.info
+            if info.state == "degraded" and info.epoch > since:
+                own = reservation.assignments(component, allow_degraded=True)
+                nodes = {a.placement.node_id for a in own}
+                if not nodes & bad and not reservation.controller.dead_nodes(nodes):
+                    return
+            now = time.monotonic()
+            why = info.reason or info.state
+            if now >= deadline:
+                raise ReservationTimeout(
+                    f"reservation {reservation.job!r} is not ready after {timeout:g}s: it is "
+                    f"{info.state} ({why})"
+                ) from None
+            if now >= next_say:
+                label = f"{reservation.job}/{component}"
+                say(f"{label}: waiting {now - started:.0f}s for its slots: {why}")
+                next_say = now + 10.0

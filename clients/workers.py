@@ -277,8 +277,10 @@ class WorkerGroup(Serving, Moves):
                     "their replacements"
                 )
             return lost
-        res.wait_ready(max(timeout - (time.monotonic() - started), 1.0), progress=progress)
-        fresh = res.assignments(self.component)
+        since = min((a.epoch for a in self._roster.assignments), default=res.epoch)
+        remaining = max(timeout - (time.monotonic() - started), 1.0)
+        verdict.wait_placed(res, self.component, since, nodes, remaining, progress)
+        fresh = res.assignments(self.component, allow_degraded=True)
         if len(fresh) != len(self._roster.assignments):
             raise PlacementError(
                 f"{res.job}/{self.component} has {len(fresh)} ranks now, the group "

@@ -31,7 +31,7 @@ first mode's (``--reference`` runs a fault-free run first, for them all to equal
 recovering changes nothing the job computes.
 
 The last line: ``ettr: restart <x> relaunch <y> standby <z> degraded <w> (faults <n>,
-steps <m>)``. ``--quick`` runs a short schedule (12 steps of about 1.3 s, a fault each 6,
+steps <m>)``. ``--quick`` runs a short schedule (10 steps of about 1.2 s, a fault each 5,
 3 s starts) in under 10 minutes here.
 
 Usage: scripts/bench/bench_ettr.py [--steps 100] [--every 20] [--load-s 10] [--seed 0]
@@ -92,11 +92,11 @@ def main() -> int:
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
-    ap.add_argument("--quick", action="store_true", help="12 steps, a fault each 6, 3 s starts")
+    ap.add_argument("--quick", action="store_true", help="10 steps, a fault each 5, 3 s starts")
     ap.add_argument("--reference", action="store_true", help="a fault-free run first")
     args = ap.parse_args()
     if args.quick:  # under 10 minutes here: a launch per mode is most of it
-        args.steps, args.every, args.load_s, args.gpu_ms_per_token = 12, 6, 3.0, 60.0
+        args.steps, args.every, args.load_s, args.gpu_ms_per_token = 10, 5, 3.0, 50.0
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - set(MODES):
         raise SystemExit(f"--modes {args.modes!r}: a list of {', '.join(MODES)}")

@@ -32,7 +32,7 @@ def test_rollout_that_runs_short_keeps_the_ettr_and_changes_nothing_computed(tmp
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, quiet(done.stdout)[-4000:] + quiet(done.stderr)[-6000:]
     last = done.stdout.strip().splitlines()[-1]
-    assert last.startswith("ettr: degraded ") and "(faults 2, steps 12)" in last, last
+    assert last.startswith("ettr: degraded ") and "(faults 2, steps 10)" in last, last
     measures = {m["name"]: m for m in json.loads(out.read_text())["measures"]}
     assert measures["modes with metrics unequal to the first"]["samples"] == [0.0]
     degraded = measures["ettr, degraded"]

@@ -49,7 +49,7 @@ def test_a_stop_counts_against_it_and_a_redone_step_is_counted_once():
 
 def test_a_slow_step_counts_what_it_should_have_taken():
     """A step that ran slower while a rollout rank was missing is not training time in
-    full: the run's typical step is."""
+    full: a step before the fault is the measure."""
     took = [2.0] * 8 + [3.0, 3.0]
     ends, t = [], 0.0
     for x in took:
@@ -58,11 +58,28 @@ def test_a_slow_step_counts_what_it_should_have_taken():
     run = {
         "steps": [step(n, e, x) for n, (e, x) in enumerate(zip(ends, took, strict=True), 1)],
         "events": [{"kind": "short", "step": 9}],
-        "faults": [],
+        "faults": [{"kind": "rollout", "step": 9, "at": 16.5}],
     }
     got = report.ettr(run)
+    assert got["step_s"] == pytest.approx(2.0)
     assert got["ettr"] == pytest.approx(20.0 / 22.0)
     assert got["redone"] == 0  # running short redoes nothing
+
+
+def test_a_run_that_spends_most_steps_slowed_is_measured_by_its_calm_steps():
+    took = [3.0, 2.0, 2.0] + [3.0] * 7  # the first step is the slowest; slowed from step 4
+    ends, t = [], 0.0
+    for x in took:
+        t += x
+        ends.append(t)
+    run = {
+        "steps": [step(n, e, x) for n, (e, x) in enumerate(zip(ends, took, strict=True), 1)],
+        "events": [],
+        "faults": [{"kind": "rollout", "step": 4, "at": 7.5}],
+    }
+    got = report.ettr(run)
+    assert got["step_s"] == pytest.approx(2.0)  # not the run's median, 3.0
+    assert got["ettr"] == pytest.approx(20.0 / 28.0)
 
 
 def test_one_seed_gives_one_schedule_of_trainer_and_rollout_nodes_in_turn():

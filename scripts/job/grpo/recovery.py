@@ -87,8 +87,9 @@ class Recovery:
             self._start_over(self._current_spec())
             send("event", kind="restarted", step=step, cause=cause, seconds=time.time() - started)
             return
-        self.res.wait_ready(timeout=300)
-        ready = time.time()
+        # No wait for the whole reservation: each group's repair() waits for its own
+        # slots, so a rollout node that waits for a node to join (its ranks running
+        # short) holds no trainer's repair back.
         self.recovered = {"relaunched": {}, "promoted": {}, "restarted": []}
         before = standing(self.groups)
 
@@ -124,8 +125,7 @@ class Recovery:
             detected=started - self.fault_at if self.fault_at else None,
             rejoin=self.rejoin_parts,
             parts={
-                "reservation": ready - started,
-                "workers": restarted - ready,
+                "workers": restarted - started,  # the slots' repair included
                 "rejoin": time.time() - restarted,
             },
         )

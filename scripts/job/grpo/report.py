@@ -170,15 +170,18 @@ def ettr(run: dict) -> dict:
     without faults over the wall time it took, from the first step's start to the last
     step's end (the launch before, the same in every mode, is left out).
 
-    A step's fault-free time is the run's median step (most steps meet no fault), so a
-    step that ran slower while a rollout rank was missing counts what it should have
-    taken, not what it took; a failed attempt counts nothing. Also: the steps redone
-    (a step whose first attempt failed), and each fault's seconds to the next finished
-    step."""
+    A step's fault-free time is the median step before the first fault (the first step,
+    the slowest, left out; every step but the first when too few came before), the same
+    steps in every mode of one schedule: a step that ran slower while a rollout rank was
+    missing counts what it should have taken, not what it took, and a failed attempt
+    counts nothing. Also: the steps redone (a step whose first attempt failed), and each
+    fault's seconds to the next finished step."""
     steps = run["steps"]
     first = steps[0]["finished_at"] - step_seconds(steps[0])
     wall = steps[-1]["finished_at"] - first
-    typical = statistics.median(step_seconds(m) for m in steps)
+    faulted = min((f["at"] for f in run["faults"]), default=math.inf)
+    calm = [step_seconds(m) for m in steps[1:] if m["finished_at"] <= faulted]
+    typical = statistics.median(calm if len(calm) >= 2 else [step_seconds(m) for m in steps[1:]])
     redone = {
         e["step"]
         for e in run["events"]
