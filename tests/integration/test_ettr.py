@@ -12,11 +12,14 @@ import sys
 
 from tests.training import ROOT, quiet
 
-# The quick schedule's degraded ETTR as measured (docs/evidence/benchmarks.md, on this
-# project's 2 cores): bound below it with room for CI's loaded cores. A trainer node's
-# loss redoes its step (a promotion and a rejoin); a rollout node's costs the steps it
-# runs short and nothing else.
-DEGRADED_ETTR_AT_LEAST = 0.80
+# The quick schedule's degraded ETTR as measured (docs/evidence/benchmarks.md: 0.39-0.41
+# on this project's 2 cores, where relaunching gets 0.26 and starting over 0.08; its 10
+# steps of 1.1 s make every second of a recovery count): bound below it with room for
+# CI's loaded cores. A trainer node's loss redoes its step (a promotion and a rejoin); a
+# rollout node's costs the steps it runs short and nothing else: its next step came
+# 1.4 s after it (relaunching: 12.8 s).
+DEGRADED_ETTR_AT_LEAST = 0.30
+NEXT_STEP_AFTER_ROLLOUT_LOSS_S = 6.0
 
 
 def test_rollout_that_runs_short_keeps_the_ettr_and_changes_nothing_computed(tmp_path):
@@ -40,4 +43,7 @@ def test_rollout_that_runs_short_keeps_the_ettr_and_changes_nothing_computed(tmp
     assert faults["rollout"] not in degraded["steps_redone"], degraded
     assert degraded["steps_redone"] == [faults["node"]], degraded  # the trainer's loss
     assert degraded["median"] >= DEGRADED_ETTR_AT_LEAST, last
+    after = measures["to the next step after a fault, degraded"]["samples"]
+    assert [kind for kind, _ in degraded["faults"]] == ["rollout", "node"]
+    assert after[0] < NEXT_STEP_AFTER_ROLLOUT_LOSS_S, after
     assert measures["ettr, fault-free"]["median"] > 0.95  # the arithmetic's own check
