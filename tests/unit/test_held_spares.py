@@ -366,3 +366,30 @@ def test_a_lost_node_of_ranks_that_run_short_leaves_the_spare_to_the_standbys():
         await ctl.stop()
 
     run(go())
+
+
+def test_a_repair_places_what_it_can_and_stays_degraded_for_the_rest():
+    """Two nodes lost at once, a spare for one: the trainers' node goes to the spare now
+    (a new epoch), and the rollout's waits for a node, the record degraded and saying
+    why: never all or nothing."""
+
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake)
+        await ctl.reserve("j", SPLIT, 5)
+        rec = await held(fake, "j")
+        (spare,) = rec.spares
+        by_rank = {s.node_rank: s.node_id for s in rec.slots}
+        fake.kill_node(by_rank[1])  # the trainers'
+        fake.kill_node(by_rank[2])  # the rollout's
+        rec = await until(lambda: (r := stored(fake, "j")).epoch == rec.epoch + 1 and r)
+        assert rec.state == "degraded" and "waiting for one to join" in rec.reason
+        now = {s.node_rank: s for s in rec.slots}
+        assert now[1].group_id == spare.group_id  # the trainers' slot is the held spare
+        assert now[2].node_id == by_rank[2]  # the rollout's still names its lost node
+        fake.add_node(num_gpus=4, num_cpus=4)
+        rec = await until(lambda: (r := stored(fake, "j")).state == "ready" and r)
+        assert {s.node_id for s in rec.slots}.isdisjoint({by_rank[1], by_rank[2]})
+        await ctl.stop()
+
+    run(go())

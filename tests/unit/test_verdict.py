@@ -12,7 +12,7 @@ import time
 import msgspec
 import pytest
 
-from clients.verdict import final, settle
+from clients.verdict import ALIVE, MOVED, final, settle, wait_placed
 from controller.errors import UndecidedNodes
 from controller.runtime.core.settings import FAST
 from controller.runtime.edge.answers import DENIED, OK, REFUSED, SILENT
@@ -217,3 +217,65 @@ def test_a_node_whose_fence_is_refused_is_waited_for_until_ray_calls_it_dead(wor
     )
     assert hung == [] and time.monotonic() >= ray_gives_up
     assert world.fake.fenced == {}  # placectl fenced nothing: Ray decided
+
+
+class _Placement:
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+
+
+class _Assignment:
+    def __init__(self, node_id: str) -> None:
+        self.placement = _Placement(node_id)
+
+
+class _Reservation:
+    """What wait_placed reads of a reservation: a record that stays degraded (another
+    component's lost node waits for one to join), at ``epoch``, with ``component``'s
+    slots on ``nodes``; Ray reports ``dead`` dead."""
+
+    job = "j"
+
+    def __init__(self, epoch: int, nodes: list[str], dead: set[str]) -> None:
+        class Info:
+            state, reason = "degraded", "slot 2 lost node n2; waiting for one to join"
+
+        self.info = Info()
+        self.info.epoch = epoch
+        self.nodes, self.dead = nodes, dead
+        self.controller = self
+
+    def wait_ready(self, timeout, progress=None):
+        from controller.errors import ReservationTimeout
+
+        time.sleep(min(timeout, 0.01))
+        raise ReservationTimeout("not ready")
+
+    def assignments(self, component, allow_degraded=False):
+        assert allow_degraded
+        return [_Assignment(n) for n in self.nodes]
+
+    def dead_nodes(self, nodes):
+        return set(nodes) & self.dead
+
+
+def test_a_group_whose_own_slots_were_placed_does_not_wait_for_the_rest():
+    # repaired in part (epoch 2 after the group's 1), its slots on live nodes: at once
+    res = _Reservation(epoch=2, nodes=["spare", "n3"], dead={"n1", "n2"})
+    wait_placed(res, "actor", 1, {"n1": "dead", "n3": ALIVE}, timeout=5, progress=print)
+
+
+@pytest.mark.parametrize(
+    ("epoch", "nodes", "verdicts"),
+    [
+        (1, ["spare", "n3"], {}),  # no repair since the group's epoch: not its slots yet
+        (2, ["n1", "n3"], {}),  # one of its slots still on a node Ray reports dead
+        (2, ["n4", "n3"], {"n4": MOVED}),  # ... or on one the verdicts found not alive
+    ],
+)
+def test_a_group_whose_own_slots_are_not_placed_waits_and_says_why(epoch, nodes, verdicts):
+    from controller.errors import ReservationTimeout
+
+    res = _Reservation(epoch=epoch, nodes=nodes, dead={"n1", "n2"})
+    with pytest.raises(ReservationTimeout, match=r"not ready after 0.3s: it is degraded \(slot 2"):
+        wait_placed(res, "actor", 1, verdicts, timeout=0.3, progress=print)
