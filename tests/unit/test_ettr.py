@@ -21,6 +21,15 @@ def step(n: int, end: float, took: float = 2.0) -> dict:
     return {"step": n, "finished_at": end, "seconds": parts}
 
 
+def timed(took: list[float]) -> list[dict]:
+    """Steps that took ``took`` seconds each, one after the other from 0."""
+    out, end = [], 0.0
+    for n, x in enumerate(took, 1):
+        end += x
+        out.append(step(n, end, x))
+    return out
+
+
 def test_a_run_without_faults_has_an_ettr_of_one():
     run = {"steps": [step(n, 2.0 * n) for n in range(1, 11)], "events": [], "faults": []}
     got = report.ettr(run)
@@ -51,12 +60,8 @@ def test_a_slow_step_counts_what_it_should_have_taken():
     """A step that ran slower while a rollout rank was missing is not training time in
     full: a step before the fault is the measure."""
     took = [2.0] * 8 + [3.0, 3.0]
-    ends, t = [], 0.0
-    for x in took:
-        t += x
-        ends.append(t)
     run = {
-        "steps": [step(n, e, x) for n, (e, x) in enumerate(zip(ends, took, strict=True), 1)],
+        "steps": timed(took),
         "events": [{"kind": "short", "step": 9}],
         "faults": [{"kind": "rollout", "step": 9, "at": 16.5}],
     }
@@ -68,12 +73,8 @@ def test_a_slow_step_counts_what_it_should_have_taken():
 
 def test_a_run_that_spends_most_steps_slowed_is_measured_by_its_calm_steps():
     took = [3.0, 2.0, 2.0] + [3.0] * 7  # the first step is the slowest; slowed from step 4
-    ends, t = [], 0.0
-    for x in took:
-        t += x
-        ends.append(t)
     run = {
-        "steps": [step(n, e, x) for n, (e, x) in enumerate(zip(ends, took, strict=True), 1)],
+        "steps": timed(took),
         "events": [],
         "faults": [{"kind": "rollout", "step": 4, "at": 7.5}],
     }

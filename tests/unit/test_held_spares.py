@@ -334,17 +334,23 @@ SPLIT = {
 }
 
 
+async def split_job():
+    """SPLIT reserved on a head and three GPU nodes, once it holds its spare: the fake
+    cluster, the controller, the record and the spare."""
+    fake = cluster(gpu_nodes=3)
+    ctl = await controller(fake)
+    await ctl.reserve("j", SPLIT, 5)
+    rec = await held(fake, "j")
+    return fake, ctl, rec, rec.spares[0]
+
+
 def test_a_lost_node_of_ranks_that_run_short_leaves_the_spare_to_the_standbys():
     """Rollout that runs short loses nothing by waiting for a free node; the trainers'
-    standbys on the held spare would be lost with it. Without standbys waiting, the
-    spare is any lost node's, as before."""
+    standbys on the held spare would be lost with it. A trainer's node still takes the
+    spare at once."""
 
     async def go():
-        fake = cluster(gpu_nodes=3)
-        ctl = await controller(fake)
-        await ctl.reserve("j", SPLIT, 5)
-        rec = await held(fake, "j")
-        (spare,) = rec.spares
+        fake, ctl, rec, spare = await split_job()
         # node rank 1 holds the trainers (GPUs 0-3), node rank 2 rollout (GPUs 4-7)
         rollout_node = next(s.node_id for s in rec.slots if s.node_rank == 2)
         fake.kill_node(rollout_node)
@@ -374,11 +380,7 @@ def test_a_repair_places_what_it_can_and_stays_degraded_for_the_rest():
     why: never all or nothing."""
 
     async def go():
-        fake = cluster(gpu_nodes=3)
-        ctl = await controller(fake)
-        await ctl.reserve("j", SPLIT, 5)
-        rec = await held(fake, "j")
-        (spare,) = rec.spares
+        fake, ctl, rec, spare = await split_job()
         by_rank = {s.node_rank: s.node_id for s in rec.slots}
         fake.kill_node(by_rank[1])  # the trainers'
         fake.kill_node(by_rank[2])  # the rollout's
