@@ -137,8 +137,9 @@ class Replacements:
         while not self._stop.is_set():
             with self.lock:
                 waiting = [r for r in self.lost if r not in self.roster.prepared]
-            if not waiting:
-                return
+                if not waiting:  # decided under the lock: a lose() after starts a new one
+                    self._thread = None
+                    return
             try:
                 placed = self._start_placed(own, waiting)
                 why = "" if placed else "their slots are not placed anew yet"
