@@ -175,7 +175,7 @@ class Replacements:
             self._record()
         return placed
 
-    def ready(self) -> list[int]:
+    def ready(self, record: bool = True) -> list[int]:
         """The lost ranks whose replacement has started and answers. A replacement whose
         start failed (its constructor raised, its node died) is dropped and started anew."""
         with self.lock:
@@ -196,13 +196,14 @@ class Replacements:
             if failed:
                 self.roster.drop_prepared(keep=set(self.roster.prepared) - set(failed))
                 self._start_thread()
-            self._record(ready=out)
+            if record:  # admit() records once, after it admits
+                self._record(ready=out)
             return sorted(out)
 
     def admit(self, ranks: list[int]) -> list[int]:
         """Make the ready replacements of ``ranks`` the ranks; returns those admitted."""
         with self.lock:
-            ready = set(self.ready())
+            ready = set(self.ready(record=False))
             unknown = [r for r in ranks if r not in self.lost]
             if unknown:
                 raise PlacementError(
@@ -215,7 +216,7 @@ class Replacements:
                     del self.lost[r]
                 if not self.lost:
                     self.away = set()
-                self._record()
+            self._record(ready=sorted(ready - set(admitted)))
             return admitted
 
     def settled(self, ranks: list[int]) -> None:
