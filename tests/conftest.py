@@ -31,6 +31,12 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "may_skip: this test's skip is right on some machines, even in CI"
     )
+    config.addinivalue_line(
+        "markers",
+        "alone: runs with no other lane busy (scripts/test runs these after the lanes): it "
+        "times a figure the docs state, or a fault against a grace, on a machine doing "
+        "nothing else",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -4,7 +4,12 @@ the default one, which the modules that use it share. Those modules run one afte
 another, first (:func:`pytest_collection_modifyitems`), and each releases what it
 reserved (``ctl``); the default cluster is shut down before the first module with a
 cluster of its own starts, since one process connects to one Ray cluster at a time.
-Starting a cluster costs 10-14 s of CI's two cores; sharing saves six of them."""
+Starting a cluster costs 10-14 s of CI's two cores; sharing saves six of them.
+
+``scripts/test`` runs the suite in two lanes (pytest-xdist, ``--dist loadfile``, each lane
+in network and mount namespaces of its own: ``scripts/_lane_python``): a module runs whole
+in one lane, with its cluster; a lane that takes modules of the default cluster starts
+one of its own. The order below is the order lanes take modules in."""
 
 from __future__ import annotations
 
@@ -38,16 +43,42 @@ _SHARING: set[str] = set()  # the modules of the default cluster
 
 
 def _shares(item) -> bool:
-    return item.nodeid.split("::")[0] in _SHARING
+    return _module(item) in _SHARING
+
+
+# The longest modules in the lanes (2-8 minutes each in CI, from its --durations), taken
+# right after the default cluster's so that the lanes end together, not one of them
+# starting a long module when the other is nearly done.
+LONGEST = (
+    "test_train",
+    "test_openrlhf",
+    "test_standby",
+    "test_autoscaling",
+    "test_rlinf",
+    "test_secured",
+    "test_head",
+)
+
+
+def _module(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _rank(item) -> int:
+    """Where the item's module starts: the default cluster's first, the longest next."""
+    if _shares(item):
+        return 0
+    name = _module(item).rsplit("/", 1)[-1].removesuffix(".py")
+    return 1 + LONGEST.index(name) if name in LONGEST else 1 + len(LONGEST)
 
 
 def pytest_collection_modifyitems(items):
     here = [i for i in items if i.nodeid.startswith("tests/integration/")]
+    _SHARING.update(_module(i) for i in here if _uses_default(i))
     for item in here:
         item.add_marker(pytest.mark.integration)
-    _SHARING.update(i.nodeid.split("::")[0] for i in here if _uses_default(i))
-    # The default cluster's modules first, each whole and in its order; the others after.
-    ordered = [i for i in here if _shares(i)] + [i for i in here if not _shares(i)]
+    # Each module whole and in its order (a stable sort keeps it).
+    ordered = sorted(here, key=_rank)
     at = iter(ordered)
     items[:] = [next(at) if i.nodeid.startswith("tests/integration/") else i for i in items]
 

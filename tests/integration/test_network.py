@@ -28,6 +28,12 @@ import pytest
 from clients.testing import hosts as harness
 from clients.testing.host_driver import Driver
 
+# Blips are timed against a grace of 5 s, a cut host against Ray's own 62 s, on a machine
+# doing nothing else. Beside another lane's busy cluster (load 15 on 2 cores), a host cut
+# for good was once out after 7 s on a refusal instead of after the grace: not explained
+# yet, not seen alone (1 of 1 runs passed there).
+pytestmark = pytest.mark.alone
+
 CONFIG = Path(__file__).parent / "data" / "network.yaml"
 # The stated figures (scripts/bench/bench_network.py, docs/evidence/benchmarks.md): a
 # host cut off to repair() returned in 8.8 s, a refused raylet's ranks relaunched in

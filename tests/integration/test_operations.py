@@ -23,6 +23,12 @@ from controller.runtime.edge.metrics import METRICS, exported
 from tests.integration.conftest import GPUS_PER_NODE, wait_for
 from tests.integration.conftest import placectl_cli as cli
 
+# Alone: beside another lane's busy cluster (load 15 on 2 cores), its cluster was once
+# counted two nodes alive of three for two minutes after the first test's abrupt node
+# loss and repair (the next reserve timed out waiting for nodes): not explained yet, not
+# seen alone (2 of 2 runs passed there).
+pytestmark = pytest.mark.alone
+
 OPERATOR = "operator-secret"
 
 
@@ -177,7 +183,8 @@ def test_every_command_prints_json_and_exits_as_documented(metrics_cluster, tmp_
     for args, code, words in [
         (("release", "--all"), 2, "add --force"),
         (("status", "nosuch"), 3, "no reservation named 'nosuch'"),
-        (("quota", "research", "GPU=1"), 4, "operator's token"),
+        # refused whether an operator token is set or not: the message names its variable
+        (("quota", "research", "GPU=1"), 4, "PLACECTL_OPERATOR_TOKEN"),
         (("--name", "elsewhere", "status"), 3, "no placectl controller named 'elsewhere'"),
     ]:
         out = cli(address, *args)

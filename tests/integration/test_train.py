@@ -118,6 +118,7 @@ def test_a_drained_and_an_evicted_node_cost_no_step(runs):
 NEXT_STEP_WITH_STANDBYS_S = 6.0
 
 
+@pytest.mark.alone  # beside another lane's busy cluster: 7.4 s
 def test_with_standbys_a_node_loss_is_repaired_by_promotion_and_ends_equal(tmp_path):
     runs = train(tmp_path, 8, "node@3", "--standby")
     events = [e for e in recoveries(runs["placectl"]["events"]) if e["kind"] != "machine"]

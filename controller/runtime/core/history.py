@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 import msgspec
 
+from controller.runtime import core
 from controller.runtime.edge import Metrics
 from controller.state import events as ev
 from controller.state.records import ReservationRecord
@@ -71,7 +72,11 @@ class History:
         rec = new if new is not None else old
         if rec is None:
             return
-        for event in ev.happened(old, new, self._degraded_since.get(rec.job, 0.0)):
+        # The records' own times (queued_at, a drain's deadline) read core.wall(): so do
+        # their events, or a wait they measure comes out negative (then 0) whenever the
+        # two clocks disagree (a virtual-time test; a wall clock stepped by NTP).
+        since = self._degraded_since.get(rec.job, 0.0)
+        for event in ev.happened(old, new, since, now=core.wall()):
             self.add(event)
 
     def add(self, event: ev.Event) -> ev.Event:
