@@ -11,7 +11,9 @@ CI runs the unit tests twice over the same checkout: in an environment of the ``
 extra alone (``scripts/fresh``), then in the full one. ``PLACECTL_PASSED_LOG=FILE`` has a
 run write the ids of the tests it passed to FILE; ``PLACECTL_SKIP_PASSED=FILE`` has a
 later run leave those out (and say how many), so the second run spends its time only on
-what the first skipped or could not run.
+what the first skipped or could not run. ``PLACECTL_FAILED_LOG=FILE`` has a run write the
+ids of the tests that failed (or errored) to FILE: ``scripts/test`` runs those of its lanes
+again, alone.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import pytest
 NO_SKIPS = os.environ.get("PLACECTL_NO_SKIPS", "") not in ("", "0")
 PASSED_LOG = os.environ.get("PLACECTL_PASSED_LOG", "")
 SKIP_PASSED = os.environ.get("PLACECTL_SKIP_PASSED", "")
+FAILED_LOG = os.environ.get("PLACECTL_FAILED_LOG", "")
 UNIT_TIMEOUT_S = 60
 
 
@@ -95,6 +98,9 @@ _SESSION: list = []
 
 def pytest_sessionfinish(session, exitstatus):
     _SESSION.append(session)
+    if FAILED_LOG and _FAILED:
+        with open(FAILED_LOG, "a") as f:
+            f.writelines(f"{nodeid}\n" for nodeid in sorted(_FAILED))
     if PASSED_LOG:
         with open(PASSED_LOG, "a") as f:
             f.writelines(f"{nodeid}\n" for nodeid in sorted(_PASSED - _FAILED))
