@@ -238,8 +238,8 @@ def test_a_host_cut_off_for_good_moves_at_once_and_is_fenced_after_the_grace(hos
         assert repaired["seconds"] < CUT_REPAIR_BOUND_S, repaired
         ids = set(hosts.node_ids(victim))
         assert driver.ask("health")["fenced"].keys().isdisjoint(ids)
-        # Out once its grace is over: fenced by placectl, or called dead by Ray's own
-        # health checks, whichever comes first (the grace is Ray's detection time).
+        # Out once its grace is over (fenced by placectl), or once Ray's own health
+        # checks call it dead, whichever comes first.
         deadline = cut_at + 120
         while True:
             fenced = set(driver.ask("health")["fenced"]) & ids
@@ -249,7 +249,12 @@ def test_a_host_cut_off_for_good_moves_at_once_and_is_fenced_after_the_grace(hos
             assert time.monotonic() < deadline, "the host was neither fenced nor given up"
             time.sleep(1.0)
         out_after = time.monotonic() - cut_at
-        assert out_after >= 55.0, out_after  # the grace: 62 s after the silence
+        if not dead:
+            # placectl's own fence, on silence alone: never before the grace (62 s). Ray's
+            # verdict may come first and sooner: after the blip tests had cut this host,
+            # its health checks failed at once instead of timing out, and Ray called it
+            # dead after five of them (6.3 s); placectl then follows Ray.
+            assert out_after >= 55.0, (out_after, fenced)
         assert all(r["ip"] != victim.ip for r in _answering(driver))
     finally:
         hosts.restart(victim)
