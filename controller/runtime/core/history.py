@@ -73,8 +73,8 @@ class History:
         if rec is None:
             return
         # The records' own times (queued_at, a drain's deadline) read core.wall(): so do
-        # their events, or a wait they measure comes out negative (then 0) whenever the
-        # two clocks disagree (a virtual-time test; a wall clock stepped by NTP).
+        # their events, or a wait they measure comes out negative (then 0) wherever the
+        # loop's clock and the machine's part (the unit tests' virtual-time loop).
         since = self._degraded_since.get(rec.job, 0.0)
         for event in ev.happened(old, new, since, now=core.wall()):
             self.add(event)
