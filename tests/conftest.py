@@ -12,8 +12,8 @@ extra alone (``scripts/fresh``), then in the full one. ``PLACECTL_PASSED_LOG=FIL
 run write the ids of the tests it passed to FILE; ``PLACECTL_SKIP_PASSED=FILE`` has a
 later run leave those out (and say how many), so the second run spends its time only on
 what the first skipped or could not run. ``PLACECTL_FAILED_LOG=FILE`` has a run write the
-ids of the tests that failed (or errored) to FILE: ``scripts/test`` runs those of its lanes
-again, alone.
+ids of the tests that failed (or errored) to FILE: ``scripts/test`` runs the modules of
+those of its lanes again, alone.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def pytest_sessionfinish(session, exitstatus):
     _SESSION.append(session)
     if FAILED_LOG and _FAILED:
         with open(FAILED_LOG, "a") as f:
-            f.writelines(f"{nodeid}\n" for nodeid in sorted(_FAILED))
+            f.writelines(f"FAIL {nodeid}\n" for nodeid in sorted(_FAILED))
     if PASSED_LOG:
         with open(PASSED_LOG, "a") as f:
             f.writelines(f"{nodeid}\n" for nodeid in sorted(_PASSED - _FAILED))

@@ -56,7 +56,6 @@ LONGEST = (
     "test_autoscaling",
     "test_rlinf",
     "test_secured",
-    "test_head",
 )
 
 

@@ -119,6 +119,9 @@ REPAIR_AFTER_RESTART_S = 8.0
 # watch, then the fence): slot 0.7-3.4 s, repair() 4.8-7.7 s; the bounds of an abrupt
 # death without a restart (test_abrupt: repair() within 10 s).
 ABRUPT_SLOT_REPAIRED_S, ABRUPT_REPAIR_S = 6.0, 10.0
+# Alone: these bounds are measured figures with seconds of room; beside another lane's
+# busy cluster repair() after a GCS restart took 9.7 s against the 8 s bound.
+pytestmark = pytest.mark.alone
 
 
 def lose_a_node_and_repair(c, ctl, res, group, abrupt: bool = False) -> None:
