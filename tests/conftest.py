@@ -100,7 +100,7 @@ def pytest_sessionfinish(session, exitstatus):
     _SESSION.append(session)
     if FAILED_LOG and _FAILED:
         with open(FAILED_LOG, "a") as f:
-            f.writelines(f"FAIL {nodeid}\n" for nodeid in sorted(_FAILED))
+            f.writelines(f"{nodeid}\n" for nodeid in sorted(_FAILED))
     if PASSED_LOG:
         with open(PASSED_LOG, "a") as f:
             f.writelines(f"{nodeid}\n" for nodeid in sorted(_PASSED - _FAILED))
