@@ -150,6 +150,27 @@ class Cluster:
                 out.append(f"node {node.node_id[:12]} is gone: its raylet exited, told it is dead")
         return out
 
+    def settle_all(self, timeout: float = 180.0) -> list[str]:
+        """At the run's end: wait for the hung nodes Ray has yet to declare dead (Ray's
+        own health checks: about a minute after the SIGSTOP with its defaults, and the
+        steps after the hang may take less), then settle them as during the run; what
+        happened. A node still hung after ``timeout`` is said, not waited for."""
+        out = self.settle()
+        start, said = time.monotonic(), 0
+        while (self.hung or self.resumed) and time.monotonic() - start < timeout:
+            waited = time.monotonic() - start
+            if waited >= said + 10:  # progress on a long wait
+                said = int(waited)
+                print(f"   waiting for Ray to give up {len(self.hung)} hung node(s): {said}s")
+            time.sleep(0.5)
+            out += self.settle()
+        if self.hung or self.resumed:
+            out.append(
+                f"{len(self.hung)} hung node(s) not declared dead by Ray, "
+                f"{len(self.resumed)} resumed node(s) not gone, after {timeout:.0f}s"
+            )
+        return out
+
     def add_spare(self) -> None:
         self.local.add_node(num_cpus=GPUS, num_gpus=GPUS)
 

@@ -230,6 +230,11 @@ def run(
                 f"train.py: the driver of {name!r} failed (exit {rc})" + last_traceback(said())
             )
         break
+    # A node hung late in the run is settled before the record ends: what happens to it
+    # once Ray gives it up (resumed, refused, gone) is part of the run's events.
+    for what in cluster.settle_all() if cluster.local else []:
+        record["events"].append({"kind": "machine", "what": what})
+        print(report.event_line(record["events"][-1]), flush=True)
     cluster.ctl.release(job)
     return record
 

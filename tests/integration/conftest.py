@@ -50,7 +50,6 @@ def _shares(item) -> bool:
 # right after the default cluster's so that the lanes end together, not one of them
 # starting a long module when the other is nearly done.
 LONGEST = (
-    "test_train",
     "test_openrlhf",
     "test_standby",
     "test_autoscaling",

@@ -10,6 +10,11 @@ import pytest
 
 from tests.training import recoveries, train
 
+# Figures the docs state, measured alone as they measured them: beside another lane's busy
+# cluster the next step after the node loss came 23.4 s after it (CI), the standby
+# repair's 7.4 s.
+pytestmark = pytest.mark.alone
+
 # The figure the docs state for an abrupt node loss: the next step finished 6.2 s after
 # it (starting over: 24.2 s; Ray's own detection alone 16.5 s). Bound for 2 loaded cores.
 NEXT_STEP_AFTER_NODE_LOSS_S = 16.0
@@ -118,7 +123,6 @@ def test_a_drained_and_an_evicted_node_cost_no_step(runs):
 NEXT_STEP_WITH_STANDBYS_S = 6.0
 
 
-@pytest.mark.alone  # beside another lane's busy cluster: 7.4 s
 def test_with_standbys_a_node_loss_is_repaired_by_promotion_and_ends_equal(tmp_path):
     runs = train(tmp_path, 8, "node@3", "--standby")
     events = [e for e in recoveries(runs["placectl"]["events"]) if e["kind"] != "machine"]
