@@ -188,12 +188,15 @@ class Admitter:
             self.wake()
 
     def _holdings(self) -> list[queueing.Holding]:
-        """The placed reservations, as preemption sees them."""
+        """The placed reservations, as preemption sees them: what each holds on each
+        node, its held spares included."""
         out = []
         for res in self._state.records.values():
             if res.state == QUEUED or not res.slots:
                 continue
-            needs = queueing.needs_by_node((s.node_id, s.need()) for s in res.slots)
+            # Its held spares leave with it: whole nodes a waiting job may need.
+            held = (*res.slots, *res.spares)
+            needs = queueing.needs_by_node((s.node_id, s.need()) for s in held)
             out.append(
                 queueing.Holding(
                     job=res.job,
@@ -320,15 +323,16 @@ class Admitter:
         return queueing.Entry(**base, queued_at=res.queued_at, needs=needs)
 
     def _used(self) -> dict[str, dict[str, float]]:
-        """What each queue's placed (and admitted, not yet placed) reservations hold."""
+        """What each queue's placed (and admitted, not yet placed) reservations hold,
+        their held spares included."""
         held: dict[str, list[dict[str, float]]] = {}
         for res in self._state.records.values():
             if res.queue:
                 mine = held.setdefault(res.queue, [])
                 if res.state == QUEUED:
                     mine.extend(self._admitted.get(res.job, {}).values())
-                else:
-                    mine.extend(s.need() for s in res.slots)
+                else:  # held spares count against the quota as its slots do
+                    mine.extend(s.need() for s in (*res.slots, *res.spares))
         return {queue: queueing.add_up(needs) for queue, needs in held.items()}
 
     def _name(self, node_id: str) -> str:
