@@ -232,6 +232,20 @@ def leaves_spares(res: ReservationRecord, plan: JobPlan | None, node_rank: int) 
     return bool(on) and all(res.spec.component(n).runs_short for n in on)
 
 
+def holds(spare: Iterable[BundleRecord], lost: Iterable[BundleRecord]) -> bool:
+    """Whether a group of ``spare`` bundles can hold ``lost``'s processes: each lost
+    bundle has a bundle of its kind and node-local index with at least its resources.
+    The slot's ranks find their bundles by kind and local index
+    (:meth:`SlotRecord.bundle_index`), so a spare with more bundles than the lost node
+    had serves it, the rest of it idle."""
+    have = {(b.kind, b.local_index): b.resources for b in spare}
+    for b in lost:
+        room = have.get((b.kind, b.local_index))
+        if room is None or any(room.get(k, 0.0) + 1e-9 < v for k, v in b.resources.items()):
+            return False
+    return True
+
+
 def held_for(
     res: ReservationRecord,
     dead: NodeView,
@@ -242,19 +256,25 @@ def held_for(
     keep: Sequence[Keep] = (),
 ) -> int | None:
     """The index in ``res.spares`` of the held spare that stands in for the node ``dead``
-    and its slots' ``bundles``: of their shape, on a node in ``usable`` (alive, not
-    draining, its group placed) that :func:`choose_spare` would take, nearest first;
-    None when none fits."""
+    and its slots' ``bundles``: on a node in ``usable`` (alive, not draining, its group
+    placed) that :func:`choose_spare` would take, able to hold ``bundles``
+    (:func:`holds`: by resources, not by which node it copied); one of their very shape
+    first, so that a node with fewer bundles does not take the spare a whole node's
+    loss would need, then the nearest. None when none fits."""
     want = shape(bundles)
     fits = {
         s.node_id: i
         for i, s in enumerate(res.spares)
-        if s.node_id in usable and shape(s.bundles) == want
+        if s.node_id in usable and holds(s.bundles, bundles)
     }
-    nodes = [usable[n] for n in fits]
-    free = {n: {} for n in fits}  # its bundles are held already: room is not the question
-    node = choose_spare(dead, nodes, free, {}, exclude, selectors, keep)
-    return None if node is None else fits[node.node_id]
+    exact = [n for n, i in fits.items() if shape(res.spares[i].bundles) == want]
+    for among in (exact, list(fits)):
+        nodes = [usable[n] for n in among]
+        free = {n: {} for n in among}  # its bundles are held already: room is not the question
+        node = choose_spare(dead, nodes, free, {}, exclude, selectors, keep)
+        if node is not None:
+            return fits[node.node_id]
+    return None
 
 
 # Job-wide identity a standby process must not have: it is no rank until promoted, and a

@@ -5,15 +5,12 @@ is leaked, swept or counted twice."""
 
 from __future__ import annotations
 
-import asyncio
-
 import msgspec
 import pytest
 
 from controller.errors import PlacementError, SpecError
 from controller.planning.spec import load_spec
 from controller.state.events import Event
-from controller.state.queueing import usage
 from tests.unit.fakes import (
     assignments,
     cluster,
@@ -233,19 +230,6 @@ def test_the_leases_of_a_lost_spares_standbys_end_with_it_and_bad_bundles_are_na
     run(go())
 
 
-def test_held_spares_count_in_their_queues_usage():
-    async def go():
-        fake = cluster(gpu_nodes=3)
-        ctl = await controller(fake)
-        await ctl.reserve("j", with_spares(1), 5)
-        rec = await held(fake, "j")
-        (used,) = usage([rec], {}, now=0.0)
-        assert used.used["GPU"] == 8  # its node's 4 and the held spare's 4
-        await ctl.stop()
-
-    run(go())
-
-
 def test_plan_and_status_say_what_is_held(tmp_path, capsys):
     from clients.cli import main
     from clients.render import render_reservation
@@ -301,143 +285,3 @@ def test_the_history_tells_when_spares_are_held_and_taken():
 async def _len_at_least(make, n):
     got = await make()
     return got if len(got) >= n else None
-
-
-def test_a_queue_quota_holds_only_the_spares_it_has_room_for():
-    """Held spares count against their queue's quota like slots (#59): a reservation of
-    4 GPUs asking for 2 spares of 4 in a queue of 8 holds one, and says why."""
-
-    async def go():
-        fake = cluster(gpu_nodes=4)
-        ctl = await controller(fake)
-        await ctl.set_quota("team", {"GPU": 8}, force=True)
-        await ctl.reserve("j", with_spares(2), 5, queue="team")
-        rec = await held(fake, "j", 1)
-        for _ in range(20):  # the Holder tries again; it never goes past the quota
-            await asyncio.sleep(0.05)
-        rec = stored(fake, "j")
-        assert len(rec.spares) == 1
-        (used,) = usage([rec], {"team": {"GPU": 8}}, now=0.0)
-        assert used.used["GPU"] == 8
-        await ctl.stop()
-
-    run(go())
-
-
-def test_held_spares_count_at_admission_against_the_queues_quota():
-    """A queue of 8 GPUs whose reservation holds 4 in slots and 4 in a held spare is at
-    its quota: the next of its reservations waits, though a free node has room, and is
-    admitted once the first is released (#59 item 4)."""
-
-    async def go():
-        fake = cluster(gpu_nodes=3)
-        ctl = await controller(fake)
-        await ctl.set_quota("team", {"GPU": 8}, force=True)
-        await ctl.reserve("one", with_spares(1), 5, queue="team")
-        await held(fake, "one")
-        # GPUs 8-11: node rank 3, the free node (rank 1 holds one's slot, rank 2 its spare)
-        two = asyncio.create_task(ctl.reserve("two", spec("8-11", num_nodes=4), 10, queue="team"))
-        why = await until(lambda: (w := ctl.ops.admitter.why("two")) and w[1])
-        assert "queue 'team' is at its quota (GPU 8)" in why, why
-        assert stored(fake, "two").state == "queued"
-        await ctl.release("one")
-        assert info(await asyncio.wait_for(two, 5)).state == "ready"
-        await ctl.stop()
-
-    run(go())
-
-
-def test_preemption_takes_back_a_preemptible_reservations_held_spares_with_it():
-    """A waiting job of higher priority that needs the node a preemptible reservation
-    holds as a spare preempts it, as it would for a slot there; the spare's node is
-    its own afterwards (#59 item 4)."""
-
-    async def go():
-        fake = cluster(gpu_nodes=2)
-        ctl = await controller(fake)
-        await ctl.reserve("low", with_spares(1), 5, priority=0, preemptible=True)
-        rec = await held(fake, "low")
-        vip = asyncio.create_task(ctl.reserve("vip", spec("0-7"), 10, queue="q", priority=5))
-        low = await until(lambda: (r := stored(fake, "low")) is not None and r.preempt_at and r)
-        assert "preempted for 'vip'" in low.reason
-        got = info(await asyncio.wait_for(vip, 5))
-        assert got.state == "ready" and stored(fake, "low") is None
-        mine = {s.node_id for s in stored(fake, "vip").slots}
-        assert rec.spares[0].node_id in mine and rec.slots[0].node_id in mine
-        assert live_groups(fake) == table_groups(fake) == stored(fake, "vip").group_ids()
-        await ctl.stop()
-
-    run(go())
-
-
-SPLIT = {
-    "num_nodes": 4,  # head + the trainers' node + the rollout's node (+ a held spare)
-    "spares": 1,
-    "component_placement": {
-        "actor": {"placement": "0-3", "standby": True},
-        "rollout": {"placement": "4-7", "on_loss": "continue"},
-    },
-}
-
-
-async def split_job():
-    """SPLIT reserved on a head and three GPU nodes, once it holds its spare: the fake
-    cluster, the controller, the record and the spare."""
-    fake = cluster(gpu_nodes=3)
-    ctl = await controller(fake)
-    await ctl.reserve("j", SPLIT, 5)
-    rec = await held(fake, "j")
-    return fake, ctl, rec, rec.spares[0]
-
-
-def test_a_lost_node_of_ranks_that_run_short_leaves_the_spare_to_the_standbys():
-    """Rollout that runs short loses nothing by waiting for a free node; the trainers'
-    standbys on the held spare would be lost with it. A trainer's node still takes the
-    spare at once."""
-
-    async def go():
-        fake, ctl, rec, spare = await split_job()
-        # node rank 1 holds the trainers (GPUs 0-3), node rank 2 rollout (GPUs 4-7)
-        rollout_node = next(s.node_id for s in rec.slots if s.node_rank == 2)
-        fake.kill_node(rollout_node)
-        rec = await until(lambda: (r := stored(fake, "j")).state == "degraded" and r)
-        assert "waiting for one to join" in rec.reason
-        assert [s.group_id for s in rec.spares] == [spare.group_id]  # still held
-        fake.add_node(num_gpus=4, num_cpus=4)  # a free node joins: the slot goes there
-        rec = await until(lambda: (r := stored(fake, "j")).state == "ready" and r)
-        placed = {s.node_id for s in rec.slots}
-        assert spare.node_id not in placed and rollout_node not in placed
-        assert [s.group_id for s in rec.spares] == [spare.group_id]
-        # A trainer's node still takes the spare at once.
-        actor_node = next(s.node_id for s in rec.slots if s.node_rank == 1)
-        fake.kill_node(actor_node)
-        rec = await until(
-            lambda: (r := stored(fake, "j")).state == "ready" and r.epoch > rec.epoch and r
-        )
-        assert spare.group_id in {s.group_id for s in rec.slots}
-        await ctl.stop()
-
-    run(go())
-
-
-def test_a_repair_places_what_it_can_and_stays_degraded_for_the_rest():
-    """Two nodes lost at once, a spare for one: the trainers' node goes to the spare now
-    (a new epoch), and the rollout's waits for a node, the record degraded and saying
-    why: never all or nothing."""
-
-    async def go():
-        fake, ctl, rec, spare = await split_job()
-        by_rank = {s.node_rank: s.node_id for s in rec.slots}
-        fake.kill_node(by_rank[1])  # the trainers'
-        fake.kill_node(by_rank[2])  # the rollout's
-        rec = await until(lambda: (r := stored(fake, "j")).epoch == rec.epoch + 1 and r)
-        assert rec.state == "degraded" and "waiting for one to join" in rec.reason
-        now = {s.node_rank: s for s in rec.slots}
-        assert now[1].group_id == spare.group_id  # the trainers' slot is the held spare
-        assert now[2].node_id == by_rank[2]  # the rollout's still names its lost node
-        fake.add_node(num_gpus=4, num_cpus=4)
-        rec = await until(lambda: (r := stored(fake, "j")).state == "ready" and r)
-        assert {s.node_id for s in rec.slots}.isdisjoint({by_rank[1], by_rank[2]})
-        await ctl.stop()
-
-    run(go())
