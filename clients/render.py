@@ -221,7 +221,9 @@ def render_reservation(
     if info.spares_wanted or info.spares:
         held = ", ".join(f"{s.node_ip} ({s.node_id[:12]}) group {s.group_id}" for s in info.spares)
         out.append(
-            f"spares: {len(info.spares)} of {info.spares_wanted} held" + (held and f": {held}")
+            f"spares: {len(info.spares)} of {info.spares_wanted} held"
+            + (held and f": {held}")
+            + (info.spares_short and f"; fewer: {info.spares_short}")
         )
     for name, states in (standbys or {}).items():
         counts = ", ".join(f"{states.count(s)} {s}" for s in ("ready", "starting", "missing"))

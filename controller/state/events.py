@@ -180,12 +180,16 @@ def happened(
     if new.preempt_at and not (old is not None and old.preempt_at):
         out.append(Event(kind=PREEMPTED, message=new.reason or "preempted", **base))
     held = {s.group_id for s in new.spares}
-    if old is not None and new.settled and {s.group_id for s in old.spares} != held:
+    changed = old is not None and {s.group_id for s in old.spares} != held
+    short = old is not None and new.spares_short and new.spares_short != old.spares_short
+    if new.settled and (changed or short):
         took = {s.group_id for s in old.spares} & {s.group_id for s in new.slots}
         where = ", ".join(s.node_ip for s in new.spares) or "none"
         what = f"spares: {len(new.spares)} of {new.spec.spares} held ({where})"
         if took:
             what += f"; {len(took)} made a lost node's slot"
+        if new.spares_short:
+            what += f"; fewer: {new.spares_short}"
         out.append(Event(kind=SPARES, message=what, **base))
     if new.state == RELEASING and was != RELEASING:
         out.append(Event(kind=RELEASING_EV, message="releasing: removing its groups", **base))

@@ -206,6 +206,7 @@ class ReservationInfo(msgspec.Struct, frozen=True, kw_only=True):
     # many it asks for. A repair makes a held one a slot, and another is taken after.
     spares: list[SlotInfo] = []
     spares_wanted: int = 0
+    spares_short: str = ""  # why it holds fewer than it asks ("" when it holds them all)
 
     @property
     def preempting(self) -> bool:
@@ -244,6 +245,7 @@ def summarize(res: ReservationRecord) -> ReservationInfo:
         slots=[_slot(res, s) for s in res.slots],
         spares=[_slot(res, s) for s in res.spares],
         spares_wanted=res.spec.spares,
+        spares_short=res.spares_short,
     )
 
 

@@ -192,6 +192,8 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
             (no longer part of the reservation's slots; removed with it on release).
         spares: groups held on spare nodes for repairs (``cluster.spares``), each with
             the bundles of one node's slots (node rank -1); a repair makes one a slot.
+        spares_short: why it holds fewer spares than it asks (its queue's quota, no
+            free node of the kind); "" when it holds them all or has not tried yet.
     """
 
     v: int = SCHEMA_VERSION
@@ -220,6 +222,7 @@ class ReservationRecord(msgspec.Struct, frozen=True, kw_only=True):
     preempt_at: float = 0.0
     leaving: list[LeavingGroup] = []
     spares: list[SlotRecord] = []
+    spares_short: str = ""
 
     def master_port(self, component: str) -> int | None:
         for lease in self.leases:

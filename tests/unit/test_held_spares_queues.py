@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
+
+from clients.render import render_reservation
+from controller.state.events import Event
 from controller.state.queueing import usage
 from tests.unit.fakes import (
     cluster,
@@ -37,7 +41,8 @@ def test_held_spares_count_in_their_queues_usage():
 
 def test_a_queue_quota_holds_only_the_spares_it_has_room_for():
     """Held spares count against their queue's quota like slots (#59): a reservation of
-    4 GPUs asking for 2 spares of 4 in a queue of 8 holds one, and says why."""
+    4 GPUs asking for 2 spares of 4 in a queue of 8 holds one, and says why in its
+    status and its history."""
 
     async def go():
         fake = cluster(gpu_nodes=4)
@@ -51,6 +56,17 @@ def test_a_queue_quota_holds_only_the_spares_it_has_room_for():
         assert len(rec.spares) == 1
         (used,) = usage([rec], {"team": {"GPU": 8}}, now=0.0)
         assert used.used["GPU"] == 8
+        why = "queue 'team''s quota leaves room for 0 more"
+        shown = info(await ctl.status("j"))
+        assert shown.spares_short == why
+        assert f"spares: 1 of 2 held: {rec.spares[0].node_ip}" in render_reservation(shown, {})
+        assert render_reservation(shown, {}).endswith(f"; fewer: {why}")
+        got = msgspec.msgpack.decode(await ctl.events("j"), type=list[Event])
+        told = [e.message for e in got if e.kind == "spares"]
+        assert told[-1] == f"spares: 1 of 2 held ({rec.spares[0].node_ip}); fewer: {why}"
+        await ctl.set_quota("team", {"GPU": 12}, force=True)  # room now: it takes the other
+        rec = await held(fake, "j", 2)
+        assert rec.spares_short == "" and info(await ctl.status("j")).spares_short == ""
         await ctl.stop()
 
     run(go())

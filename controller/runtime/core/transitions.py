@@ -83,10 +83,13 @@ class Transitions:
         """The old groups of a drained node's slots still kept until their deadline."""
         return await self._commit(_replace(base, leaving=leaving), base)
 
-    async def held(self, base: ReservationRecord, spares: list) -> ReservationRecord:
+    async def held(
+        self, base: ReservationRecord, spares: list, short: str = ""
+    ) -> ReservationRecord:
         """The groups it holds on spare nodes, some taken or dropped (the leases of a
-        dropped one's standbys end with it)."""
-        record = settle_standby_leases(_replace(base, spares=spares), None)
+        dropped one's standbys end with it), and why it holds fewer than it asks."""
+        record = _replace(base, spares=spares, spares_short=short)
+        record = settle_standby_leases(record, None)
         return await self._commit(record, base)
 
     # ------------------------------------------------------------ terms

@@ -114,11 +114,13 @@ class Holder:
             unfit = self._unfit(res, table)
             kept = [s for i, s in enumerate(res.spares) if i not in unfit]
             fresh = await self._take(res, kept, res.spec.spares - len(kept))
-            if not unfit and not fresh and len(kept) <= res.spec.spares:
+            short = self._short.get(job, "")
+            same = not unfit and not fresh and len(kept) <= res.spec.spares
+            if same and short == res.spares_short:
                 return
             spares = (kept + fresh)[: res.spec.spares]
             try:
-                await self._records.held(res, spares)
+                await self._records.held(res, spares, short)
             except BaseException:
                 dropped.update(s.group_id for s in fresh)  # never recorded: not held
                 raise
@@ -161,6 +163,15 @@ class Holder:
         ]
         return max(0, min(fits)) if fits else None
 
+    def _say_short(self, res: ReservationRecord, holds: int, why: str) -> None:
+        """Keep why ``res`` holds fewer spares than it asks, for its record (status,
+        events); logged once, not at every retry."""
+        if self._short.get(res.job) != why:
+            log.warning(
+                "reservation %r holds %d of %d spares: %s", res.job, holds, res.spec.spares, why
+            )
+        self._short[res.job] = why
+
     async def _take(self, res: ReservationRecord, kept: list[SlotRecord], n: int) -> list:
         """Up to ``n`` new held spares on free nodes, placed and probed; why there are
         fewer is logged once. Every group made is removed if this fails."""
@@ -172,14 +183,10 @@ class Holder:
         rank, bundles = spare_bundles(res)
         need = need_of(bundles)
         room = self._quota_room(res, need)
+        quota = ""  # why the quota keeps it below its count
         if room is not None and room < n:  # a spare is held against the quota like a slot
-            why = (
-                f"holds {len(kept) + room} of {res.spec.spares} spares: queue {res.queue!r}'s "
-                f"quota leaves room for {room} more"
-            )
-            if self._short.get(res.job) != why:
-                log.warning("reservation %r %s", res.job, why)
-            self._short[res.job] = why
+            quota = f"queue {res.queue!r}'s quota leaves room for {room} more"
+            self._say_short(res, len(kept) + room, quota)
             self._after[res.job] = core.now() + self.settings.repair_retry
             n = room
             if n <= 0:
@@ -213,16 +220,10 @@ class Holder:
         if len(fresh) < n:
             wants = ", ".join(f"{k} {v:g}" for k, v in sorted(need.items()))
             why = (
-                f"holds {len(kept) + len(fresh)} of {res.spec.spares} spares: no other free "
-                f"node of the kind of node rank {rank} with {wants}"
+                f"no other free node of the kind of node rank {rank} with {wants}; it asks "
+                "the autoscaler and takes one when a node joins"
             )
-            if self._short.get(res.job) != why:  # said once, not at every retry
-                log.warning(
-                    "reservation %r %s; it asks the autoscaler and takes one when a node joins",
-                    res.job,
-                    why,
-                )
-            self._short[res.job] = why
+            self._say_short(res, len(kept) + len(fresh), why)
             self._after[res.job] = core.now() + self.settings.repair_retry
             one = SlotRecord(node_rank=-1, node_id="", node_ip="", group_name="", bundles=bundles)
             missing = [one] * (n - len(fresh))
@@ -231,7 +232,10 @@ class Holder:
                 key, for_spare(missing, res.nodes[rank], view, res.spec.accelerator)
             )
         else:
-            self._short.pop(res.job, None)
+            if quota:
+                self._short[res.job] = quota
+            else:
+                self._short.pop(res.job, None)
             await self._demand.withdraw(key)
         if not fresh:
             return []
