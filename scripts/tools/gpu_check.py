@@ -21,7 +21,10 @@ code does:
    own), kills the rank with ``SIGKILL`` as the OOM killer does, reads from the OS and
    from ``nvidia-smi`` which of them still hold the device (Ray ends the first; the
    second is placectl's to end), and has ``repair()`` relaunch the engine on the same
-   device.
+   device;
+8. then, on a local cluster of two Ray nodes given one GPU each, promotes a standby
+   after an abrupt node loss and checks that it works on its bundle's device
+   (:mod:`gpu_check_standby`).
 
 Prints PASS or FAIL per check (INFO for what is measured, not promised); exits 1 on any
 FAIL. On a machine without an NVIDIA GPU
@@ -39,6 +42,8 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+import gpu_check_standby
 
 from controller.runtime.edge.node_tasks import alive
 
@@ -81,9 +86,13 @@ class Probe:
     """A worker that does what real code does with its environment."""
 
     def __init__(self):
+        self.error = ""
+        self.promoted = False
+        self._take_device()
+
+    def _take_device(self):
         import torch
 
-        self.error = ""
         try:
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
             self.block = torch.empty(256 * MIB, dtype=torch.uint8, device="cuda")
@@ -91,6 +100,11 @@ class Probe:
             torch.cuda.synchronize()
         except Exception as e:  # reported as a FAIL, not a crash
             self.error = f"{type(e).__name__}: {e}"
+
+    def on_promote(self, env):
+        """A standby made a rank: what a framework does then, on the rank's LOCAL_RANK."""
+        self.promoted = True
+        self._take_device()
 
     def report(self):
         import torch
@@ -107,6 +121,9 @@ class Probe:
             "free": free,
             "allocated": int(self.block.numel()),
             "pid": os.getpid(),
+            "rank": os.environ.get("RANK"),
+            "standby": os.environ.get("PLACECTL_STANDBY"),
+            "promoted": self.promoted,
         }
 
     def pid(self):
@@ -266,6 +283,11 @@ def main() -> int:
         for g in groups.values():
             g.shutdown()
         ctl.release("gpu-check")
+        ray.shutdown()
+    try:
+        gpu_check_standby.run(Probe, check, info, same_uuid)
+    except Exception as e:  # a FAIL with its cause, not a crash before the summary
+        check("standby case", False, f"{type(e).__name__}: {e}")
     failed = [n for n, ok, _ in results if not ok]
     print(f"gpu_check: {len(results) - len(failed)} of {len(results)} checks passed")
     return 1 if failed else 0

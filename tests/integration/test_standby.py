@@ -292,3 +292,52 @@ def test_standbys_left_unpromoted_by_a_dead_driver_are_promoted_once_by_racing_d
             g.shutdown()
     finally:
         ctl.release("orphan")
+
+
+def test_a_lost_node_of_fewer_ranks_is_repaired_on_the_spare_of_a_fuller_one(cluster):
+    """GPUs 0-5 on nodes of 4: node rank 1 holds ranks 0-3, node rank 2 ranks 4 and 5, and
+    the held spare copies the fuller node (standbys for four ranks). Node rank 2 dies
+    abruptly with every other node taken (a plain Ray placement group holds them): its
+    ranks go to the spare, where two standbys become ranks 4 and 5, each on the device
+    Ray gives its bundle, and the six form one group from their environment alone. The
+    spare used to fit only a node of its very shape: the repair waited for a node."""
+    for _ in range(3):  # the job's two nodes and the held spare
+        cluster.add_node(num_cpus=4, num_gpus=4)
+    cluster.wait_for_nodes()
+    head = cluster.head_node.node_id
+    ctl = clients.connect()
+    comps = {"actor": {"placement": "0-5", "standby": True}}
+    res = ctl.reserve("fewer", {"num_nodes": 3, "spares": 1, "component_placement": comps})
+    filler = None
+    try:
+        spare = held_spare(res)
+        slots = {s.node_rank: s.node_id for s in res.refresh().slots}
+        others = {n.node_id for n in cluster.list_all_nodes()} - {head, spare, *slots.values()}
+        alive = lambda: {n["NodeID"] for n in ray.nodes() if n["Alive"]} - {head}  # noqa: E731
+        wait_for(lambda: alive() == others | {spare, *slots.values()}, timeout=60)
+        if others:  # the nodes earlier tests left free: taken, as another job would
+            filler = ray.util.placement_group(
+                [{"GPU": 4}] * len(others), strategy="STRICT_SPREAD", name="fewer-filler"
+            )
+            ray.get(filler.ready(), timeout=60)
+        group = clients.WorkerGroup.launch(res, "actor", Worker, detached=True)
+        standing = {s["pid"] for s in standbys_on(group, spare)}
+        assert ray.get([a.all_reduce.remote(0) for a in group.actors]) == [21.0] * 6
+        remove(cluster, slots[2])
+        assert group.repair(timeout=120) == [4, 5]
+        ranks = ray.get([a.seen.remote() for a in group.actors], timeout=60)
+        table = ray.util.placement_group_table()
+        (kept,) = [s for s in res.refresh().slots if s.node_rank == 2]
+        assert kept.node_id == spare and table[kept.group_id]["state"] == "CREATED"
+        for r in (4, 5):
+            seen = ranks[r]
+            assert seen["pid"] in standing and seen["promoted"], seen  # no process started
+            assert (seen["node"], seen["group"]) == (spare, kept.group_id)
+            assert seen["env"]["RANK"] == str(r) and seen["env"]["PLACECTL_STANDBY"] is None
+            assert len(seen["gpus"]) == 1 and seen["visible"] == str(seen["gpus"][0])
+        assert ray.get([a.all_reduce.remote(1) for a in group.actors]) == [21.0] * 6
+        group.shutdown()
+    finally:
+        ctl.release("fewer")
+        if filler is not None:
+            ray.util.remove_placement_group(filler)
