@@ -20,6 +20,7 @@ from ray.util.placement_group import placement_group_table
 
 import clients
 from clients.driver_table import RayTable
+from clients.testing import machines
 from clients.testing.head import FaultTolerantCluster, restartable_cluster
 from controller.errors import ClusterUnavailable
 from tests.integration.conftest import placectl_cli, wait_for
@@ -49,10 +50,14 @@ def add_spare(c: FaultTolerantCluster) -> None:
 
 def remove(c: FaultTolerantCluster, node_id: str, abrupt: bool = False) -> None:
     """The node leaves: politely (its raylet unregisters itself, as at a scale-down), or
-    abruptly (every process killed, nobody told)."""
-    c.remove_node(
-        next(n for n in c.worker_nodes if n.node_id == node_id), allow_graceful=not abrupt
-    )
+    abruptly (every process killed at once, its workers too, nobody told: with
+    ``remove_node`` alone a worker outlived its raylet, answered the repair's first look,
+    and ``repair()`` rightly found nothing lost)."""
+    node = next(n for n in c.worker_nodes if n.node_id == node_id)
+    if abrupt:
+        machines.crash(c, node)
+    else:
+        c.remove_node(node, allow_graceful=True)
 
 
 class Worker:

@@ -120,3 +120,26 @@ def test_a_preemptible_reservation_sees_its_deadline_and_is_released_for_a_highe
     assert not isinstance(out.get("vip"), Exception), out.get("vip")
     assert out["vip"].state == "ready"
     assert [i.job for i in ctl.list()] == ["vip"]
+
+
+def test_a_job_needing_the_node_a_preemptible_reservation_holds_as_a_spare_preempts_it(
+    cluster, ctl
+):
+    """Held spares count in preemption as slots do: "spot" holds the first GPU node and
+    the second as a spare (a placement group of its own in Ray's table); "vip" asks for
+    the second. It used to wait for its whole timeout with the node held idle."""
+    spot = ctl.reserve(
+        "spot", {**FIRST, "spares": 1}, timeout_s=120, preemptible=True, preempt_grace_s=5
+    )
+    spare = wait_for(lambda: (i := spot.refresh()).spares and i.spares[0], timeout=60)
+    assert live_groups()[spare.group_id]["state"] == "CREATED"
+    assert spare.node_id != spot.refresh().slots[0].node_id
+    out: dict = {}
+    vip = _reserve_in_background(ctl, "vip", one_node("4-7"), 7, out)
+    vip.join(timeout=180)
+    assert "vip" in out, f"vip still waits after 180 s: {ctl.status('vip').reason}"
+    assert not isinstance(out["vip"], Exception), out["vip"]
+    assert out["vip"].state == "ready"
+    assert [s.node_id for s in out["vip"].refresh().slots] == [spare.node_id]
+    assert [i.job for i in ctl.list()] == ["vip"]  # spot released at its deadline
+    assert spare.group_id not in live_groups()
