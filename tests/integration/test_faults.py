@@ -39,9 +39,14 @@ def gpu_nodes_alive() -> int:
 
 
 def restore(cluster, count: int = 3) -> None:
+    """Back to ``count`` GPU nodes, once Ray has declared the removed ones dead: beside
+    a busy lane it still called an abruptly removed node alive after the repair and 30 s
+    more, so none was added and the next tests lacked their spare."""
+    ours = {n.node_id for n in cluster.list_all_nodes()}
+    wait_for(lambda: {n["NodeID"] for n in ray.nodes() if n["Alive"]} == ours, timeout=120)
     while gpu_nodes_alive() < count:
         cluster.add_node(num_cpus=GPUS, num_gpus=GPUS)
-    cluster.wait_for_nodes()
+    cluster.wait_for_nodes(timeout=60)
 
 
 def table_groups(ctl) -> set[str]:
