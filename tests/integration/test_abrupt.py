@@ -94,6 +94,9 @@ def check_where_ray_says(group, ranks) -> list[dict]:
 # notices in 16 s and more), bounded for 2 loaded cores.
 DEAD_S = 5.0
 REPAIR_S = 10.0
+# Figures the docs state, measured alone as they measured them: beside another lane's
+# busy cluster repair() took 17.0 s, and the module's later tests lacked the node it lost.
+pytestmark = pytest.mark.alone
 
 
 # Every time, not most times: a race between the death and the call shows only some of
