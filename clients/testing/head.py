@@ -36,6 +36,7 @@ import time
 import ray
 from ray.cluster_utils import Cluster
 
+from clients.testing.local import started
 from controller.runtime.edge.answers import TEST_HOOKS
 
 
@@ -212,8 +213,8 @@ def restartable_cluster(gpu_nodes: int = 3, gpus: int = 4, store: str = "redis")
     try:
         c = FaultTolerantCluster(kept, {"num_cpus": 2, "num_gpus": 0})
         try:
-            for _ in range(gpu_nodes):
-                c.add_node(num_cpus=gpus, num_gpus=gpus)
+            for _ in range(gpu_nodes):  # a start that timed out is tried again (local.py)
+                started(lambda: c.add_node(num_cpus=gpus, num_gpus=gpus), "node")
             c.wait_for_nodes()
             c.connect()
             yield c
