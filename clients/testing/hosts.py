@@ -220,20 +220,21 @@ class Hosts:
             return f.read()
         return ""
 
-    def _wait_nodes(self, timeout: float, new_on: str = "", old: Sequence[str] = ()) -> None:
+    def _wait_nodes(self, timeout: float, new: dict[str, Sequence[str]] | None = None) -> None:
         """Until as many nodes as hosts are alive in Ray (a host's dead nodes aside) and,
-        given ``new_on`` (an address), a node there not among ``old``: a host's old node
-        that Ray still calls alive (drained, not yet found dead) is not its new one."""
+        for each address of ``new``, a node there not among its old ids: a host's old
+        node that Ray still calls alive (drained, not yet found dead) is not its new one."""
         want = len(self.hosts)
+        new = {ip: sorted(old) for ip, old in (new or {}).items()}
         code = (
             "import ray, time, sys\n"
             f"ray.init(address={self.address!r}, logging_level='ERROR')\n"
-            f"end, ip, old = time.monotonic() + {timeout}, {new_on!r}, {sorted(old)!r}\n"
+            f"end, new = time.monotonic() + {timeout}, {new!r}\n"
             "while time.monotonic() < end:\n"
             "    alive = [x for x in ray.nodes() if x['Alive']]\n"
-            "    new = [x for x in alive if x['NodeManagerAddress'] == ip\n"
-            "           and x['NodeID'] not in old]\n"
-            f"    if len(alive) >= {want} and (new or not ip): sys.exit(0)\n"
+            "    born = {x['NodeManagerAddress'] for x in alive\n"
+            "            if x['NodeID'] not in new.get(x['NodeManagerAddress'], ())}\n"
+            f"    if len(alive) >= {want} and set(new) <= born: sys.exit(0)\n"
             "    time.sleep(0.2)\n"
             "sys.exit(1)\n"
         )
@@ -248,17 +249,19 @@ class Hosts:
             raise ValueError("crash() takes a worker host; the head is the cluster")
         kill_netns(h.netns)
 
-    def restart(self, host: Host | int, timeout: float = 120.0) -> None:
-        """``host`` rebooted: every process on it killed, its cable healed, and Ray
-        started on it again as a new node (a worker host only)."""
-        h = self.hosts[host] if isinstance(host, int) else host
-        if h.is_head:
-            raise ValueError("restart() takes a worker host; the head is the cluster")
-        old = self.node_ids(h)
-        kill_netns(h.netns)
-        self.heal(h)
-        self._ray_start(h, [f"--address={self.address}"])
-        self._wait_nodes(timeout, new_on=h.ip, old=old)
+    def restart(self, *hosts: Host | int, timeout: float = 120.0) -> None:
+        """Each of ``hosts`` rebooted: every process on it killed, its cable healed, and
+        Ray started on it again as a new node (worker hosts only). All of them boot
+        before the wait for the cluster to be whole again, which needs every one."""
+        picked = [self.hosts[h] if isinstance(h, int) else h for h in hosts]
+        if any(h.is_head for h in picked):
+            raise ValueError("restart() takes worker hosts; the head is the cluster")
+        old = {h.ip: self.node_ids(h) for h in picked}
+        for h in picked:
+            kill_netns(h.netns)
+            self.heal(h)
+            self._ray_start(h, [f"--address={self.address}"])
+        self._wait_nodes(timeout, new=old)
 
     def node_ids(self, host: Host | int) -> list[str]:
         """The ids of the nodes Ray knows on ``host``, alive or dead (asked from the head)."""

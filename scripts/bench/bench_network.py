@@ -52,6 +52,10 @@ def _dead(driver: Driver) -> list[str]:
     return [n["ip"] for n in driver.ask("nodes", timeout=120)["nodes"] if not n["alive"]]
 
 
+def _alive(driver: Driver) -> set[str]:
+    return {n["ip"] for n in driver.ask("nodes", timeout=120)["nodes"] if n["alive"]}
+
+
 def _job_hosts(hosts, driver: Driver, mode: str) -> list[int]:
     """The job's two hosts (placectl: where its ranks run; Ray alone: the first two)."""
     if mode != "placectl":
@@ -131,9 +135,13 @@ def blips(mode: str, seconds: float) -> list[dict]:
         out = []
         for shape, fault in SHAPES.items():
             time.sleep(30)  # Ray's GCS reaches a healed host only after its backoff
-            for h in hosts.hosts[1:]:  # a host Ray gave up on is rebooted for the next
-                if h.ip in _dead(driver):
-                    hosts.restart(h)
+            # A host Ray gave up on is rebooted for the next (its old node stays dead in
+            # Ray's table: a host is down when it has no node alive).
+            alive = _alive(driver)
+            down = [h for h in hosts.hosts[1:] if h.ip not in alive]
+            if down:
+                hosts.restart(*down)
+            dead_before = len(_dead(driver))
             before = _pids(driver)
             job = _job_hosts(hosts, driver, mode)
             idle = [h.index for h in hosts.hosts[1:] if h.index not in job]
@@ -147,7 +155,8 @@ def blips(mode: str, seconds: float) -> list[dict]:
             time.sleep(15)
             after = _pids(driver)
             changed = sum(a != b for a, b in zip(before, after, strict=True))
-            out.append({"shape": shape, "nodes_lost": len(_dead(driver)), "ranks": changed})
+            lost = len(_dead(driver)) - dead_before
+            out.append({"shape": shape, "nodes_lost": lost, "ranks": changed})
             print(f"  {mode}: {shape}, {seconds:g}s -> {out[-1]}", flush=True)
         return out
 

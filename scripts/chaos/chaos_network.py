@@ -183,12 +183,15 @@ class Run:
             self.fail(n, f"processes of moved ranks still run: {sorted(old & running)}")
         gone = [x for x in self.driver.ask("nodes")["nodes"] if x["node"] in nodes
                 and not x["alive"]]  # fmt: skip
+        rebooted = []
         for x in gone:
             if "health check" not in x["why"]:
                 self.fail(n, f"node {x['ip']} lost: {x['why']}")
             else:
                 print(f"  Ray's health checks gave {x['ip']} up: rebooted", flush=True)
-                self.hosts.restart(self.host_of(x["ip"]))
+                rebooted.append(self.host_of(x["ip"]))
+        if rebooted:  # all at once: the cluster is whole again only with every one back
+            self.hosts.restart(*rebooted)
         time.sleep(30)  # Ray frees a healed host's moved groups once its GCS reaches it
 
     def only_they_left(self, n: int, before: list, doomed: list, victim, how: str) -> None:
