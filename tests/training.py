@@ -16,30 +16,41 @@ def quiet(text: str) -> str:
     return "".join(ln for ln in text.splitlines(keepends=True) if "[state-dump]" not in ln)
 
 
-def train(tmp_path, steps: int, faults: str, *extra: str) -> dict:
-    """Run ``scripts/job/train.py`` with ``--compare`` in this interpreter; both runs'
-    records, checked equal step by step (rewards exactly, losses within 1e-6), and the
-    fault-free run learning."""
+def run_job(tmp_path, steps: int, faults: str, *extra: str) -> dict:
+    """Run ``scripts/job/train.py`` in this interpreter; its runs' records, by name."""
     records = tmp_path / "runs.json"
     cmd = [
         sys.executable,
         str(ROOT / "scripts" / "job" / "train.py"),
         f"--steps={steps}",
         f"--faults={faults}",
-        "--compare",
         f"--json={records}",
         f"--out={tmp_path}",
         *extra,
     ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, quiet(done.stdout)[-4000:] + quiet(done.stderr)[-6000:]
-    runs = json.loads(records.read_text())["runs"]
-    reference, faulted = runs["fault-free"]["steps"], runs["placectl"]["steps"]
-    want = list(range(1, steps + 1))
-    assert [m["step"] for m in faulted] == [m["step"] for m in reference] == want
-    for a, b in zip(reference, faulted, strict=True):
+    return json.loads(records.read_text())["runs"]
+
+
+def assert_equal(reference: list[dict], faulted: list[dict]) -> None:
+    """``faulted``'s steps are ``reference``'s first ones, equal step by step (rewards
+    exactly, losses within 1e-6)."""
+    want = list(range(1, len(faulted) + 1))
+    assert [m["step"] for m in faulted] == [m["step"] for m in reference[: len(faulted)]] == want
+    for a, b in zip(reference, faulted, strict=False):
         assert (a["reward"], a["exact"]) == (b["reward"], b["exact"]), a["step"]
         assert abs(a["loss"] - b["loss"]) <= 1e-6, a["step"]
+
+
+def train(tmp_path, steps: int, faults: str, *extra: str) -> dict:
+    """Run ``scripts/job/train.py`` with ``--compare`` in this interpreter; both runs'
+    records, checked equal step by step (rewards exactly, losses within 1e-6), and the
+    fault-free run learning."""
+    runs = run_job(tmp_path, steps, faults, "--compare", *extra)
+    reference, faulted = runs["fault-free"]["steps"], runs["placectl"]["steps"]
+    assert len(reference) == len(faulted) == steps
+    assert_equal(reference, faulted)
     assert reference[-1]["reward"] > reference[0]["reward"]  # it learns
     return runs
 

@@ -5,7 +5,8 @@ in each way of recovering, side by side on one local cluster.
 The job is ``scripts/job/train.py``'s, with training and rollout on nodes of their own
 (``--layout split``: four trainer ranks on two nodes, six rollout workers on three, a
 head and six GPU nodes of 2 fake GPUs, one free; a node lost is replaced by a fresh one
-after the next step, as an operator's would be). Every trainer and rollout rank takes
+after the next step, as an operator's would be; ``--free-nodes`` adds nodes up and free
+from the start, a warm pool's headroom). Every trainer and rollout rank takes
 ``--load-s`` seconds to start (a stand-in for a model's load). Faults are abrupt node
 deaths (every process of the node killed at once), of trainer rank 0's node (``node``:
 in the middle of a step, after its rollout) or of the last rollout rank's node
@@ -35,6 +36,7 @@ steps <m>)``. ``--quick`` runs a short schedule (10 steps of about 1.2 s, a faul
 3 s starts) in under 10 minutes here.
 
 Usage: scripts/bench/bench_ettr.py [--steps 100] [--every 20] [--load-s 10] [--seed 0]
+                                   [--free-nodes 0]
                                    [--gpu-ms-per-token 200]
                                    [--modes restart,relaunch,standby,degraded] [--quick]
                                    [--reference]
@@ -91,6 +93,13 @@ def main() -> int:
         help="the simulated accelerator's decode time: a step of about 3.8 s",
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--free-nodes",
+        type=int,
+        default=0,
+        help="GPU nodes up and free beside the job's (and its spare): headroom a lost "
+        "slot is placed on at once, as a cluster with a warm pool has",
+    )
     ap.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
     ap.add_argument("--quick", action="store_true", help="10 steps, a fault each 5, 3 s starts")
     ap.add_argument("--reference", action="store_true", help="a fault-free run first")
@@ -102,6 +111,8 @@ def main() -> int:
         raise SystemExit(f"--modes {args.modes!r}: a list of {', '.join(MODES)}")
     if args.steps < 6 or args.every < 3:
         raise SystemExit("--steps >= 6 and --every >= 3")
+    if not 0 <= args.free_nodes <= 4:
+        raise SystemExit(f"--free-nodes {args.free_nodes}: 0 to 4 (each is a node of 2 GPUs)")
     faults = schedule(args.steps, args.every, args.seed)
     config = TrainConfig(
         seed=args.seed,
@@ -111,7 +122,7 @@ def main() -> int:
     )
     out = tempfile.mkdtemp(prefix="placectl-bench-ettr-")
     started = time.time()
-    cluster = train.Cluster(None, gpu_nodes=train.SPLIT_GPU_NODES)
+    cluster = train.Cluster(None, gpu_nodes=train.SPLIT_GPU_NODES + args.free_nodes)
     records = {}
     try:
         if args.reference:
@@ -131,7 +142,7 @@ def main() -> int:
     ]
     print(
         f"\n== ETTR: {args.steps} steps, faults {faults} (seed {args.seed}), starts "
-        f"{args.load_s:g}s; {time.time() - started:.0f}s in all"
+        f"{args.load_s:g}s, {args.free_nodes} free node(s); {time.time() - started:.0f}s in all"
     )
     print(f"{'mode':<10} {'ettr':>6} {'wall':>8} {'step':>6} {'redone':>6}  to the next step")
     results = Results("ettr", args)

@@ -14,6 +14,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 SPEC = HERE.parent / "examples" / "grpo.yaml"
 VLLM_SPEC = HERE.parent / "examples" / "grpo_vllm.yaml"
 SPLIT_SPEC = HERE.parent / "examples" / "grpo_split.yaml"
+VLLM_SPLIT_SPEC = HERE.parent / "examples" / "grpo_vllm_split.yaml"
 SPLIT_GPU_NODES = 6  # --layout split: five for the job, one free
 # What every process of the embedded cluster sees in --rollout vllm: the engines' own
 # processes import the job's worker extension; a small KV cache (GiB; the default takes a
@@ -26,6 +27,10 @@ VLLM_ENV = {
 }
 VLLM_LR = 1e-2  # Adam on the embeddings and norms (grpo.lm); the GRU's 2e-2 overshoots
 VLLM_GPU_NODES = 3  # --rollout vllm: two for the job, one spare
+# --rollout vllm --layout split: three for the job, its spare (with --degraded), and one
+# free, where a lost engine's slot is placed at once (its start is most of an engine's
+# replacement: on this machine 20-30 s, against steps of 0.3 s).
+VLLM_SPLIT_GPU_NODES = 5
 
 
 def engine_config(config: TrainConfig, out: str) -> TrainConfig:
@@ -57,7 +62,12 @@ def with_standby(spec: dict, degraded: bool = False) -> dict:
 def job_spec(config: TrainConfig, layout: str, mode: str) -> dict:
     """The job's cluster block: its layout's, with what ``mode`` (``standby``,
     ``degraded``, or anything else: as written) adds."""
-    path = VLLM_SPEC if config.rollout == "vllm" else SPLIT_SPEC if layout == "split" else SPEC
+    paths = {
+        ("vllm", "split"): VLLM_SPLIT_SPEC,
+        ("vllm", "shared"): VLLM_SPEC,
+        ("policy", "split"): SPLIT_SPEC,
+    }
+    path = paths.get((config.rollout, layout), SPEC)
     spec = yaml.safe_load(path.read_text())["cluster"]
     if mode in ("standby", "degraded"):
         spec = with_standby(spec, degraded=mode == "degraded")

@@ -57,7 +57,9 @@ relaunched engine starts from the model on disk and takes the last committed wei
 
 ``--layout split`` puts training and rollout on nodes of their own
 (``scripts/examples/grpo_split.yaml``: four trainer ranks on two nodes, six rollout
-workers on three; a head and six GPU nodes, one free). ``--degraded`` lets rollout run
+workers on three; a head and six GPU nodes, one free; with ``--rollout vllm``
+``scripts/examples/grpo_vllm_split.yaml``: two trainer ranks on one node, two engines on
+two more, a head and five GPU nodes, two free). ``--degraded`` lets rollout run
 short (``on_loss: continue``) and holds a spare with standby trainers. ``--load-s``
 makes every trainer and rollout rank take that long to start (a model's load).
 
@@ -98,6 +100,7 @@ from job_specs import (
     SPLIT_GPU_NODES,
     VLLM_ENV,
     VLLM_GPU_NODES,
+    VLLM_SPLIT_GPU_NODES,
     engine_config,
     job_spec,
 )
@@ -323,8 +326,6 @@ def main() -> int:
         raise SystemExit("train.py: error: --standby, --degraded: placectl's, not with --baseline")
     if args.standby and args.degraded:
         raise SystemExit("train.py: error: --standby or --degraded, not both")
-    if args.layout == "split" and args.rollout == "vllm":
-        raise SystemExit("train.py: error: --layout split: only with --rollout policy")
     if args.layout == "split" and any(k == "grow" for k, _ in faults):
         raise SystemExit("train.py: error: --faults grow@N: only with --layout shared")
     if args.load_s < 0:
@@ -350,11 +351,11 @@ def main() -> int:
         machines.TIGHT_HEALTH_CHECKS if args.tight_health_checks else None,
         args.drain_notice,
         VLLM_ENV if args.rollout == "vllm" else None,
-        VLLM_GPU_NODES
-        if args.rollout == "vllm"
-        else SPLIT_GPU_NODES
-        if args.layout == "split"
-        else GPU_NODES,
+        {
+            ("vllm", "split"): VLLM_SPLIT_GPU_NODES,
+            ("vllm", "shared"): VLLM_GPU_NODES,
+            ("policy", "split"): SPLIT_GPU_NODES,
+        }.get((args.rollout, args.layout), GPU_NODES),
     )
     mode = "degraded" if args.degraded else "standby" if args.standby else ""
     spec = job_spec(config, args.layout, mode)
