@@ -10,6 +10,7 @@ import pytest
 
 from controller.errors import PlacementError, SpecError
 from controller.planning.spec import load_spec
+from controller.runtime.core.settings import FAST
 from controller.state.events import Event
 from tests.unit.fakes import (
     assignments,
@@ -285,3 +286,22 @@ def test_the_history_tells_when_spares_are_held_and_taken():
 async def _len_at_least(make, n):
     got = await make()
     return got if len(got) >= n else None
+
+
+def test_a_job_name_reserved_again_holds_its_spares_at_once_with_nothing_of_the_last():
+    """What the Holder knew of a released reservation (when to try again, why it held
+    fewer) is not the next one's of that name: drivers reserve the same name again after
+    a release, and it holds its spare at once, not after the last one's retry."""
+
+    async def go():
+        fake = cluster(gpu_nodes=2)
+        ctl = await controller(fake, msgspec.structs.replace(FAST, repair_retry=30.0))
+        await ctl.reserve("j", with_spares(2), 5)  # one free node: 1 of 2, again in 30 s
+        await until(lambda: (r := stored(fake, "j")) and len(r.spares) == 1 and r.spares_short)
+        await ctl.release("j")
+        await ctl.reserve("j", with_spares(1), 5)
+        rec = await held(fake, "j")
+        assert rec.spares_short == "" and info(await ctl.status("j")).spares_short == ""
+        await ctl.stop()
+
+    run(go())

@@ -64,6 +64,9 @@ class Holder:
         self._after: dict[str, float] = {}  # job -> when it may be tried again
         self._making: dict[str, set[str]] = {}  # job -> names of groups being made
         self._short: dict[str, str] = {}  # job -> why it holds fewer (logged once)
+        # job -> the reservation (its uid) the entries above are about: a job name
+        # reserved again after a release starts with none of them.
+        self._uid: dict[str, str] = {}
 
     def making(self) -> set[str]:
         """Names of spare groups being made (not orphans)."""
@@ -73,10 +76,24 @@ class Holder:
         """A node joined: a spare may be had now."""
         self._after.clear()
 
+    def keep_only(self, jobs: set[str]) -> None:
+        """Forget what is known of every job not in ``jobs`` (released)."""
+        for known in (self._after, self._short, self._uid):
+            for job in set(known) - jobs:
+                del known[job]
+
+    def _own(self, res: ReservationRecord) -> None:
+        """Drop what is known of an earlier reservation of ``res``'s job name."""
+        if self._uid.get(res.job) != res.uid:
+            self._after.pop(res.job, None)
+            self._short.pop(res.job, None)
+            self._uid[res.job] = res.uid
+
     def due(self, res: ReservationRecord) -> bool:
         """Whether ``res`` should take or drop a held spare now."""
         if not res.spec.spares and not res.spares:
             return False  # the common case, every tick: nothing to look at
+        self._own(res)
         if res.state != READY or res.repair != AUTO or res.applying is not None:
             return False
         if core.now() < self._after.get(res.job, 0.0):

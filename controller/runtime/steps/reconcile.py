@@ -243,6 +243,7 @@ class Reconciler:
         spares asked for a reservation that holds them all now, or wants fewer."""
         demand, draining = self._demand, set(self._nodes.draining)
         await demand.keep_only(set(self._state.records) | self._tasks.keys("reserve"))
+        self._holder.keep_only(set(self._state.records))
         placed = await demand.placed()
         if any(k.startswith("spare/") for k in placed):
             self._repairer.retry_now()  # a node joined for a repair: it runs now
