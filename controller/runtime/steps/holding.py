@@ -90,7 +90,8 @@ class Holder:
             self._uid[res.job] = res.uid
 
     def due(self, res: ReservationRecord) -> bool:
-        """Whether ``res`` should take or drop a held spare now."""
+        """Whether ``res`` should take or drop a held spare now (what was known of an
+        earlier reservation of its name forgotten first)."""
         if not res.spec.spares and not res.spares:
             return False  # the common case, every tick: nothing to look at
         self._own(res)
