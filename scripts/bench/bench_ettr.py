@@ -56,6 +56,7 @@ import train
 from grpo import report
 from grpo.config import TrainConfig
 from harness import Results, parser
+from job_specs import SPLIT_GPU_NODES
 
 MODES = ("restart", "relaunch", "standby", "degraded")
 KINDS = ("node", "rollout")  # a trainer node, a rollout node: each dies abruptly
@@ -122,7 +123,7 @@ def main() -> int:
     )
     out = tempfile.mkdtemp(prefix="placectl-bench-ettr-")
     started = time.time()
-    cluster = train.Cluster(None, gpu_nodes=train.SPLIT_GPU_NODES + args.free_nodes)
+    cluster = train.Cluster(None, gpu_nodes=SPLIT_GPU_NODES + args.free_nodes)
     records = {}
     try:
         if args.reference:

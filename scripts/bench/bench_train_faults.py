@@ -38,6 +38,7 @@ import train
 from grpo import report
 from grpo.config import TrainConfig
 from harness import Results, parser
+from job_specs import VLLM_ENV, VLLM_GPU_NODES
 
 NAMES = {
     "node": "node died abruptly",
@@ -69,7 +70,7 @@ def main() -> int:
     tight = train.machines.TIGHT_HEALTH_CHECKS if args.tight_health_checks else None
     if args.rollout == "vllm":
         config = train.engine_config(config, out)
-        cluster = train.Cluster(None, tight, env=train.VLLM_ENV, gpu_nodes=train.VLLM_GPU_NODES)
+        cluster = train.Cluster(None, tight, env=VLLM_ENV, gpu_nodes=VLLM_GPU_NODES)
     else:
         cluster = train.Cluster(None, tight)
     seconds: dict[tuple[str, str], list[float]] = {}

@@ -9,6 +9,7 @@ import pathlib
 import msgspec
 import yaml
 from grpo.config import TrainConfig
+from local_faults import GPU_NODES
 
 HERE = pathlib.Path(__file__).resolve().parent
 SPEC = HERE.parent / "examples" / "grpo.yaml"
@@ -31,6 +32,14 @@ VLLM_GPU_NODES = 3  # --rollout vllm: two for the job, one spare
 # free, where a lost engine's slot is placed at once (its start is most of an engine's
 # replacement: on this machine 20-30 s, against steps of 0.3 s).
 VLLM_SPLIT_GPU_NODES = 5
+# Each (rollout, layout) of train.py: its cluster block, and the GPU nodes of the
+# embedded cluster it runs on.
+LAYOUTS = {
+    ("policy", "shared"): (SPEC, GPU_NODES),
+    ("policy", "split"): (SPLIT_SPEC, SPLIT_GPU_NODES),
+    ("vllm", "shared"): (VLLM_SPEC, VLLM_GPU_NODES),
+    ("vllm", "split"): (VLLM_SPLIT_SPEC, VLLM_SPLIT_GPU_NODES),
+}
 
 
 def engine_config(config: TrainConfig, out: str) -> TrainConfig:
@@ -62,12 +71,7 @@ def with_standby(spec: dict, degraded: bool = False) -> dict:
 def job_spec(config: TrainConfig, layout: str, mode: str) -> dict:
     """The job's cluster block: its layout's, with what ``mode`` (``standby``,
     ``degraded``, or anything else: as written) adds."""
-    paths = {
-        ("vllm", "split"): VLLM_SPLIT_SPEC,
-        ("vllm", "shared"): VLLM_SPEC,
-        ("policy", "split"): SPLIT_SPEC,
-    }
-    path = paths.get((config.rollout, layout), SPEC)
+    path, _ = LAYOUTS[(config.rollout, layout)]
     spec = yaml.safe_load(path.read_text())["cluster"]
     if mode in ("standby", "degraded"):
         spec = with_standby(spec, degraded=mode == "degraded")

@@ -97,14 +97,12 @@ from grpo import report
 from grpo.config import TrainConfig
 from grpo.protocol import MACHINE_FAULTS
 from job_specs import (
-    SPLIT_GPU_NODES,
+    LAYOUTS,
     VLLM_ENV,
-    VLLM_GPU_NODES,
-    VLLM_SPLIT_GPU_NODES,
     engine_config,
     job_spec,
 )
-from local_faults import GPU_NODES, NODE_FAULTS, Cluster, parse_faults
+from local_faults import NODE_FAULTS, Cluster, parse_faults
 
 from clients.testing import machines
 
@@ -351,11 +349,7 @@ def main() -> int:
         machines.TIGHT_HEALTH_CHECKS if args.tight_health_checks else None,
         args.drain_notice,
         VLLM_ENV if args.rollout == "vllm" else None,
-        {
-            ("vllm", "split"): VLLM_SPLIT_GPU_NODES,
-            ("vllm", "shared"): VLLM_GPU_NODES,
-            ("policy", "split"): SPLIT_GPU_NODES,
-        }.get((args.rollout, args.layout), GPU_NODES),
+        LAYOUTS[(args.rollout, args.layout)][1],
     )
     mode = "degraded" if args.degraded else "standby" if args.standby else ""
     spec = job_spec(config, args.layout, mode)

@@ -126,17 +126,16 @@ NEXT_STEP_WITH_STANDBYS_S = 6.0
 def test_with_standbys_a_node_loss_is_repaired_by_promotion_and_ends_equal(tmp_path, runs):
     # Compared with the first steps of the module's fault-free run (standbys change
     # nothing computed; a run's length only bounds its loop): one run fewer.
-    reference = runs["fault-free"]["steps"]
-    runs = run_job(tmp_path, 8, "node@3", "--standby")
-    assert_equal(reference, runs["placectl"]["steps"])
-    events = [e for e in recoveries(runs["placectl"]["events"]) if e["kind"] != "machine"]
+    got = run_job(tmp_path, 8, "node@3", "--standby")["placectl"]
+    assert_equal(runs["fault-free"]["steps"], got["steps"])
+    events = [e for e in recoveries(got["events"]) if e["kind"] != "machine"]
     assert [e["kind"] for e in events] == ["launched", "repaired"], events
     (repaired,) = [e for e in events if e["kind"] == "repaired"]
     # Trainer rank 0's node held rollout rank 0 too: both came back as standbys, the
     # same Ray actors that waited on the spare (the job reads their ids from Ray).
     assert repaired["relaunched"] == {"actor": [0], "rollout": [0]}
     assert repaired["promoted"] == repaired["relaunched"], repaired
-    faulted = runs["placectl"]["steps"]
-    lost = faults_at(runs["placectl"])["node"]
+    faulted = got["steps"]
+    lost = faults_at(got)["node"]
     took = min(s["finished_at"] for s in faulted if s["finished_at"] > lost) - lost
     assert took < NEXT_STEP_WITH_STANDBYS_S, f"next step {took:.1f}s after the node loss"
