@@ -74,3 +74,11 @@ def recoveries(events: list[dict]) -> list[dict]:
         if e["kind"] == "repaired":
             out.append({**e, **held.pop(e["step"])})
     return out
+
+
+def rolled_again(events: list[dict]) -> list[int]:
+    """The steps whose prompts the rollout ranks alive at the run's end sampled more
+    than once, by their own count (the driver's last event, ``sampled``); a rank lost
+    took its count with it."""
+    (sampled,) = [e for e in events if e["kind"] == "sampled"]
+    return sorted(int(s) for s, n in sampled["prompts"].items() if n > sampled["per_step"])

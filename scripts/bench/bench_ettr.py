@@ -25,6 +25,11 @@ trainer and rollout nodes in turn, the steps (and which comes first) drawn from 
   background and are admitted at a weight push. Trainers have standbys (a held spare):
   the better mix, since a trainer rank lost stops every step.
 
+In every mode a step's rollout outlives a failed attempt the driver survives: a trainer
+node lost after the rollout costs its update again (``redone``), not its rollout (the
+batch was sampled with the weights the recovery restores); ``rolled`` counts the steps
+the rollout ranks sampled twice, by their own count.
+
 ETTR is the time the steps would take without faults (the run's median step, times its
 steps) over the wall time from the first step's start to the last one's end
 (:func:`grpo.report.ettr`). Every mode's per-step metrics are checked equal to the
@@ -145,7 +150,10 @@ def main() -> int:
         f"\n== ETTR: {args.steps} steps, faults {faults} (seed {args.seed}), starts "
         f"{args.load_s:g}s, {args.free_nodes} free node(s); {time.time() - started:.0f}s in all"
     )
-    print(f"{'mode':<10} {'ettr':>6} {'wall':>8} {'step':>6} {'redone':>6}  to the next step")
+    print(
+        f"{'mode':<10} {'ettr':>6} {'wall':>8} {'step':>6} {'redone':>6} {'rolled':>6}  "
+        "to the next step"
+    )
     results = Results("ettr", args)
     for m in runs:
         f = figures[m]
@@ -154,10 +162,15 @@ def main() -> int:
         )
         print(
             f"{m:<10} {f['ettr']:6.3f} {f['wall_s']:7.1f}s {f['step_s']:5.2f}s "
-            f"{f['redone']:>6}  {nxt}"
+            f"{f['redone']:>6} {len(f['rolled_again'] or []):>6}  {nxt}"
         )
         results.add(
-            f"ettr, {m}", [f["ettr"]], unit="ratio", steps_redone=f["redone_steps"], faults=faults
+            f"ettr, {m}",
+            [f["ettr"]],
+            unit="ratio",
+            steps_redone=f["redone_steps"],
+            rolled_again=f["rolled_again"],
+            faults=faults,
         )
         if f["to_next_step_s"]:
             results.add(f"to the next step after a fault, {m}", f["to_next_step_s"])

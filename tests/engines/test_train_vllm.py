@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.training import assert_equal, recoveries, run_job
+from tests.training import assert_equal, recoveries, rolled_again, run_job
 
 # The stated figure is 3.64 s from the node's loss to the next finished step with the
 # engine promoted (33.1 s relaunching it); CI's bound stays under one engine start.
@@ -59,7 +59,10 @@ def test_an_engine_rolls_out_through_a_node_loss_and_a_driver_crash_as_without_t
     assert len(failed) <= 1, failed  # a recovery tried again, not a job in a loop
     events = recoveries(events)
     kinds = [e["kind"] for e in events if e["kind"] != "machine"]
-    assert kinds == ["launched", "repaired", "attached"], kinds
+    assert kinds == ["launched", "repaired", "attached", "sampled"], kinds
+    # The new driver rolled step 6 out again; the node loss's step trained on the batch
+    # its failed attempt had (the engines' own count).
+    assert rolled_again(events) == [6]
     (node,) = [e for e in events if e["kind"] == "repaired"]
     # Trainer rank 0's node held the engine too: exactly those two came back, on the spare,
     # as the standbys that ran there (Ray's actor ids, read by the job before the repair).
@@ -88,6 +91,7 @@ def test_an_engine_lost_mid_rollout_costs_no_step_and_its_replacement_is_admitte
     assert_equal(fault_free, faulted)
     kinds = [e["kind"] for e in events if e["kind"] != "machine"]
     assert "repaired" not in kinds and "recovery failed" not in kinds, events  # none redone
+    assert rolled_again(events) == []
     (short,) = [e for e in events if e["kind"] == "short"]
     assert short["step"] == 3 and short["lost"] == [1] and short["serving"] == 1, short
     (admitted,) = [e for e in events if e["kind"] == "admitted"]

@@ -1,8 +1,9 @@
 """The ETTR figure, bounded so it cannot regress unseen: the benchmark's short schedule
 (``scripts/bench/bench_ettr.py --quick``) run with rollout that runs short and standby
 trainers, beside a fault-free run of the same seed. The training math is the oracle:
-the faulted run's rewards and losses equal the fault-free run's at every step, and the
-step a rollout node died in was not run again."""
+the faulted run's rewards and losses equal the fault-free run's at every step, the step
+a rollout node died in was not run again, and the one a trainer node died in ran its
+update again but not its rollout (the rollout ranks' own count of prompts sampled)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def test_rollout_that_runs_short_keeps_the_ettr_and_changes_nothing_computed(tmp
     faults = {kind: step for kind, step in degraded["faults"]}
     assert faults["rollout"] not in degraded["steps_redone"], degraded
     assert degraded["steps_redone"] == [faults["node"]], degraded  # the trainer's loss
+    # ... its update, not its rollout: the rollout ranks sampled each step's prompts once
+    assert degraded["rolled_again"] == [], degraded
     assert degraded["median"] >= DEGRADED_ETTR_AT_LEAST, last
     after = measures["to the next step after a fault, degraded"]["samples"]
     assert [kind for kind, _ in degraded["faults"]] == ["rollout", "node"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.training import assert_equal, recoveries, run_job, train
+from tests.training import assert_equal, recoveries, rolled_again, run_job, train
 
 # Figures the docs state, measured alone as they measured them: beside another lane's busy
 # cluster the next step after the node loss came 23.4 s after it (CI), the standby
@@ -58,7 +58,11 @@ def test_a_run_through_every_kind_of_fault_ends_equal_to_a_fault_free_run(runs):
     assert len(failed) <= 2, failed  # a recovery tried again, not a job in a loop
     events = recoveries(raw)
     kinds = [e["kind"] for e in events if e["kind"] not in ("machine", "preparing", "moved")]
-    assert kinds == ["launched", *["repaired"] * 4, "attached", "grew"], (kinds, failed)
+    assert kinds == ["launched", *["repaired"] * 4, "attached", "grew", "sampled"], kinds
+    # A recovery the driver lives through trains on the batch the failed attempt rolled
+    # out (with the weights the trainers restore); the new driver after the driver's
+    # kill (step 36) rolls its step out again. The rollout workers' own count.
+    assert rolled_again(raw) == [36]
     node, hang, oom, stall = [e for e in events if e["kind"] == "repaired"]
     # node: one repair, the instant the step failed: the lost node held trainer rank 0
     # and rollout rank 0, and exactly those came back.
@@ -129,7 +133,8 @@ def test_with_standbys_a_node_loss_is_repaired_by_promotion_and_ends_equal(tmp_p
     got = run_job(tmp_path, 8, "node@3", "--standby")["placectl"]
     assert_equal(runs["fault-free"]["steps"], got["steps"])
     events = [e for e in recoveries(got["events"]) if e["kind"] != "machine"]
-    assert [e["kind"] for e in events] == ["launched", "repaired"], events
+    assert [e["kind"] for e in events] == ["launched", "repaired", "sampled"], events
+    assert rolled_again(events) == []
     (repaired,) = [e for e in events if e["kind"] == "repaired"]
     # Trainer rank 0's node held rollout rank 0 too: both came back as standbys, the
     # same Ray actors that waited on the spare (the job reads their ids from Ray).

@@ -56,6 +56,24 @@ def test_a_stop_counts_against_it_and_a_redone_step_is_counted_once():
     assert got["to_next_step_s"] == [pytest.approx(13.0)]
 
 
+def test_a_step_is_rolled_out_again_only_where_its_prompts_were_sampled_twice():
+    """The rollout ranks' own count, as the record keeps it (JSON's keys are strings): a
+    redone step whose batch was kept is redone, not rolled out again."""
+    run = {
+        "steps": timed([2.0] * 6),
+        "events": [
+            {"kind": "repaired", "step": 3},
+            {"kind": "repaired", "step": 5},
+            {"kind": "sampled", "per_step": 32, "prompts": {"1": 32, "3": 32, "5": 64, "6": 31}},
+        ],
+        "faults": [{"kind": "node", "step": 3, "at": 5.0}],
+    }
+    got = report.ettr(run)
+    assert got["redone_steps"] == [3, 5]
+    assert got["rolled_again"] == [5]
+    assert report.ettr({**run, "events": run["events"][:2]})["rolled_again"] is None
+
+
 def test_a_slow_step_counts_what_it_should_have_taken():
     """A step that ran slower while a rollout rank was missing is not training time in
     full: a step before the fault is the measure."""

@@ -47,6 +47,7 @@ class Rollout:
         self.digits = lm.digit_ids(tokenizer)
         self.digit_of = {token: d for d, token in enumerate(self.digits)}
         self.prompts = lm.prompt_ids(tokenizer)
+        self.sampled: dict[int, int] = {}  # prompts sampled, by step: generate()'s calls
 
     def load(self, weights: dict, version: int) -> int:
         """Take the trainer's pushed tensors (``grpo.lm.Policy.pushed``) of step
@@ -80,10 +81,15 @@ class Rollout:
                 )
             )
         outs = self.llm.generate(prompts, params, use_tqdm=False)
+        self.sampled[step] = self.sampled.get(step, 0) + len(indices)
         return [
             (i, targets[i], [[self.digit_of[t] for t in c.token_ids] for c in out.outputs])
             for i, out in zip(indices, outs, strict=True)
         ]
+
+    def sampled_prompts(self) -> dict[int, int]:
+        """How many prompts this engine has sampled for each step, all calls counted."""
+        return dict(self.sampled)
 
     def where(self) -> dict:
         from grpo.roles import where

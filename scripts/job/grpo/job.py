@@ -22,6 +22,7 @@ import concurrent.futures
 import itertools
 import pathlib
 import time
+from typing import NamedTuple
 
 import ray
 
@@ -47,6 +48,17 @@ STEP_TIMEOUT_MIN_S, FIRST_STEP_TIMEOUT_S = 10.0, 120.0
 DRAIN_MARGIN_S = 10.0
 
 
+class Rolled(NamedTuple):
+    """A step's rollout and rewards: its batch, and the time each took."""
+
+    step: int
+    batch: list  # (target, samples, rewards) of each prompt, by prompt
+    rewards: list  # each prompt's samples' rewards, by prompt
+    serving: int  # rollout ranks serving when the rollout began
+    rollout_s: float
+    reward_s: float
+
+
 class Job(Recovery):
     def __init__(self, opts: Options) -> None:
         self.opts = opts
@@ -63,6 +75,7 @@ class Job(Recovery):
         self.recovered: dict = {}  # what the recovery in progress has relaunched so far
         self.fault_at = 0.0  # when the last fault this driver asked for was done
         self.rejoin_parts: dict[str, float] = {}  # the last rejoin's parts, in seconds
+        self.kept: Rolled | None = None  # the batch of the step in progress, once rolled out
 
     # ------------------------------------------------------------ bring-up
     def _classes(self) -> dict[str, tuple]:
@@ -159,6 +172,17 @@ class Job(Recovery):
                     if attempt >= MAX_ATTEMPTS:
                         raise
                     self._recover_or_say(step, e)
+        self._say_sampled()
+
+    def _say_sampled(self) -> None:
+        """What the rollout ranks serving at the end sampled, by step, in their own count
+        (the run's record keeps it: a step rolled out twice shows twice its prompts)."""
+        live = list(self.groups["rollout"].live.values())
+        counts: dict[int, int] = {}
+        for done in ray.get([a.sampled_prompts.remote() for a in live], timeout=60):
+            for step, n in done.items():
+                counts[step] = counts.get(step, 0) + n
+        send("event", kind="sampled", prompts=counts, per_step=self.opts.config.prompts)
 
     def _before(self, step: int) -> None:
         for group in self.groups.values():  # standbys on a spare held since (standby: true)
@@ -218,13 +242,13 @@ class Job(Recovery):
     def _deadline(self) -> float:
         return max(STEP_TIMEOUT_MIN_S, 5 * self.slowest) if self.slowest else FIRST_STEP_TIMEOUT_S
 
-    def _step(self, step: int) -> None:
+    def _roll_out_and_score(self, step: int, timeout: float) -> Rolled:
+        """The step's batch: every prompt's samples by the rollout ranks, with the weights
+        of the step before (``clients.weights``), and their rewards by the reward
+        workers. A rollout rank lost meanwhile is not waited for when rollout may run
+        short: the others take its prompts."""
         started = time.time()
-        timeout = self._deadline()
         serving = len(self.groups["rollout"].live)
-        # With the weights of the step before, by the ranks that hold them
-        # (clients.weights); a rollout rank lost meanwhile is not waited for when
-        # rollout may run short: the others take its prompts.
         rolled = calls.roll_out(
             self.groups["rollout"],
             step,
@@ -239,11 +263,29 @@ class Job(Recovery):
         parts = split(rolled, len(scorers))
         scored = gather([s.score.remote(p) for s, p in zip(scorers, parts, strict=True)], timeout)
         rewards = list(itertools.chain.from_iterable(scored))
-        batch = [(t, samples, r) for (_, t, samples), r in zip(rolled, rewards, strict=True)]
+        return Rolled(
+            step=step,
+            batch=[(t, samples, r) for (_, t, samples), r in zip(rolled, rewards, strict=True)],
+            rewards=rewards,
+            serving=serving,
+            rollout_s=t_rollout - started,
+            reward_s=time.time() - t_rollout,
+        )
+
+    def _step(self, step: int) -> None:
+        started = time.time()
+        timeout = self._deadline()
+        # A batch rolled out before a trainer's loss failed this step's last attempt is
+        # still this step's: it was sampled with the weights of the step before, which
+        # the recovery restored. Only the update runs again.
+        reused = self.kept is not None and self.kept.step == step
+        if not reused:
+            self.kept = self._roll_out_and_score(step, timeout)
+        rolled = self.kept
         t_reward = time.time()
         self._machine_fault(step)  # mid-step: the rollouts are done, training not
         trainers = self.groups["actor"].actors
-        shards = split(batch, len(trainers))
+        shards = split(rolled.batch, len(trainers))
         refs = [t.train.remote(step, s) for t, s in zip(trainers, shards, strict=True)]
         self.updates = refs
         if ("driver", step) in self.pending:  # the updates are in flight: killed here
@@ -251,23 +293,25 @@ class Job(Recovery):
         losses = gather(refs, timeout)
         t_train = time.time()
         self._publish_weights(step, step)
-        flat = [x for rs in rewards for x in rs]
+        flat = [x for rs in rolled.rewards for x in rs]
         metrics = {
             "step": step,
             "reward": sum(flat) / len(flat),
             "exact": sum(x == 1.0 for x in flat) / len(flat),
             "loss": sum(losses) / len(losses),
             "epoch": self.res.refresh().epoch,
-            "rollout_workers": serving,
+            "rollout_workers": rolled.serving,
+            "rollout_reused": reused,
             "seconds": {
-                "rollout": t_rollout - started,
-                "reward": t_reward - t_rollout,
+                "rollout": 0.0 if reused else rolled.rollout_s,
+                "reward": 0.0 if reused else rolled.reward_s,
                 "train": t_train - t_reward,
                 "sync": time.time() - t_train,
             },
             "finished_at": time.time(),
         }
         self.ckpt.commit(step, metrics)
+        self.kept = None
         self.slowest = max(self.slowest, time.time() - started)
         send("step", **metrics)
 

@@ -73,6 +73,11 @@ def event_line(e: dict) -> str:
         )
     if kind == "admitted":
         return f"      -> rollout ranks {e['ranks']} admitted back at the weight push"
+    if kind == "sampled":
+        again = rolled_again(e)
+        return f"      -> the rollout ranks sampled {e['per_step']} prompts a step; " + (
+            f"steps rolled out again: {again}" if again else "no step rolled out again"
+        )
     if kind == "grew":
         return (
             f"      -> rollout grew to {e['rollout']} workers{secs} (started {e['started']}); "
@@ -89,6 +94,13 @@ def recoveries(run: dict) -> list[dict]:
         nxt = min(after) if after else math.nan
         out.append({**f, "seconds": nxt - f["at"]})
     return out
+
+
+def rolled_again(sampled: dict) -> list[int]:
+    """The steps whose prompts the rollout ranks sampled more than once, by their own
+    count (a ``sampled`` event: JSON's keys are strings)."""
+    per_step = sampled["per_step"]
+    return sorted(int(step) for step, n in sampled["prompts"].items() if n > per_step)
 
 
 def lost_seconds(run: dict, fault: dict) -> dict:
@@ -174,7 +186,8 @@ def ettr(run: dict) -> dict:
     the slowest, left out; every step but the first when too few came before), the same
     steps in every mode of one schedule: a step that ran slower while a rollout rank was
     missing counts what it should have taken, not what it took, and a failed attempt
-    counts nothing. Also: the steps redone (a step whose first attempt failed), and each
+    counts nothing. Also: the steps redone (a step whose first attempt failed), those of
+    them whose prompts were sampled again (the rollout ranks' own count), and each
     fault's seconds to the next finished step."""
     steps = run["steps"]
     first = steps[0]["finished_at"] - step_seconds(steps[0])
@@ -194,5 +207,9 @@ def ettr(run: dict) -> dict:
         "steps": len(steps),
         "redone": len(redone),
         "redone_steps": sorted(redone),
+        # None when the ranks' count is not in the record (a run from before it)
+        "rolled_again": next(
+            (rolled_again(e) for e in run["events"] if e.get("kind") == "sampled"), None
+        ),
         "to_next_step_s": [f["seconds"] for f in recoveries(run)],
     }

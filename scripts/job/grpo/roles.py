@@ -185,6 +185,7 @@ class Generator:
         torch.set_num_threads(1)
         self.config = config
         self.policy = task.Policy(config.hidden)
+        self.sampled: dict[int, int] = {}  # prompts sampled, by step: generate()'s calls
         loading(config)
 
     def load(self, weights: dict, version: int) -> int:
@@ -210,7 +211,13 @@ class Generator:
             out.append((i, targets[i], task.sample(self.policy, self.config, step, i, targets[i])))
             if self.config.gpu_ms_per_token:  # the simulated accelerator's decode time
                 time.sleep(self.config.gpu_ms_per_token * task.DIGITS / 1000)
+        self.sampled[step] = self.sampled.get(step, 0) + len(indices)
         return out
+
+    def sampled_prompts(self) -> dict[int, int]:
+        """How many prompts this worker has sampled for each step, all calls counted: a
+        step rolled out again counts twice."""
+        return dict(self.sampled)
 
     def where(self) -> dict:
         return where()
