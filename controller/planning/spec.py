@@ -125,6 +125,11 @@ def _rank_loss(comp: _Component, name: str, names: list[str], where: str) -> str
     if comp.on_loss not in RANK_LOSS:
         raise SpecError(f"{where}.on_loss {comp.on_loss!r}: expected one of {', '.join(RANK_LOSS)}")
     if comp.on_loss != "continue":
+        if comp.take_spares:
+            raise SpecError(
+                f"{where}.take_spares: only with on_loss: continue (got on_loss "
+                f"{comp.on_loss!r}: its lost ranks are relaunched, on a held spare first)"
+            )
         return comp.on_loss
     if name in COLLECTIVE_COMPONENTS:
         raise SpecError(
@@ -252,6 +257,7 @@ def _normalise(raw: _Cluster) -> ClusterSpec:
                     topology=_segment_rule(comp, where),
                     standby=comp.standby,
                     on_loss=_rank_loss(comp, name, names, where),
+                    take_spares=comp.take_spares,
                 )
             )
     unused = {k: getattr(raw, k) for k in RLINF_UNUSED if getattr(raw, k) is not None}

@@ -58,6 +58,7 @@ class _Component(_Strict):
     topology: _Topology | None = None
     standby: bool = False
     on_loss: str = "repair"
+    take_spares: bool = False
 
 
 # Keys RLinf's own configurations carry in their cluster block that say nothing about

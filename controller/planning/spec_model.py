@@ -105,6 +105,12 @@ class ComponentSpec(msgspec.Struct, frozen=True, kw_only=True):
             ranks before it returns. ``continue``: it returns at once with them, the job
             goes on with the ranks that answer, and the replacements start in the
             background, admitted by the job at its next weight push (``admit()``).
+        take_spares: with ``on_loss: continue``: a lost node whose ranks all run short
+            is placed on a free node, and when there is none, on a held spare even where
+            another component's standbys wait (they end, and the reservation holds a new
+            spare once a node is free). Without it such a node waits for a free one and
+            leaves the held spares to the standbys: its ranks lose only throughput while
+            they wait, where a standby component's next loss would lose its standbys.
     """
 
     name: str
@@ -119,6 +125,7 @@ class ComponentSpec(msgspec.Struct, frozen=True, kw_only=True):
     topology: SegmentRule | None = None
     standby: bool = False
     on_loss: str = "repair"
+    take_spares: bool = False
 
     @property
     def runs_short(self) -> bool:

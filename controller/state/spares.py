@@ -216,20 +216,30 @@ def spare_bundles(res: ReservationRecord) -> tuple[int, list[BundleRecord]]:
     return rank, fresh
 
 
-def leaves_spares(res: ReservationRecord, plan: JobPlan | None, node_rank: int) -> bool:
-    """Whether the lost node ``node_rank`` leaves the held spares alone: standbys wait
-    on them (a component with ``standby: true``) and every rank on it is of a component
-    that runs short (``on_loss: continue``). Those ranks lose nothing by waiting for a
-    free node (the job goes on without them); taking the spare would cost the standbys'
-    ranks their standbys at their next loss."""
+# When a lost node's slots may take a held spare (spare_use): before a free node, after
+# one (only when no free node fits), or never (they wait for a free node).
+FIRST, LAST, NEVER = "first", "last", "never"
+
+
+def spare_use(res: ReservationRecord, plan: JobPlan | None, node_rank: int) -> str:
+    """When the lost node ``node_rank`` may take a held spare. ``FIRST`` (nothing to
+    place, the quickest), unless standbys wait on the spares (a component with
+    ``standby: true``) and every rank on the node is of a component that runs short
+    (``on_loss: continue``): those ranks lose only throughput while they wait, where
+    taking the spare would cost the standbys' ranks their standbys at their next loss.
+    Then ``NEVER``: a free node or one that joins; or ``LAST`` where one of them says
+    ``take_spares: true``: a free node if one fits, else the spare."""
     if plan is None or not any(c.standby for c in res.spec.components):
-        return False
+        return FIRST
     on = {
         name
         for name, items in build_assignments(res, plan).items()
         if any(a.placement.node_rank == node_rank for a in items)
     }
-    return bool(on) and all(res.spec.component(n).runs_short for n in on)
+    comps = [res.spec.component(n) for n in on]
+    if not comps or not all(c.runs_short for c in comps):
+        return FIRST
+    return LAST if any(c.take_spares for c in comps) else NEVER
 
 
 def holds(spare: Iterable[BundleRecord], lost: Iterable[BundleRecord]) -> bool:

@@ -55,13 +55,16 @@ def engine_config(config: TrainConfig, out: str) -> TrainConfig:
 def with_standby(spec: dict, degraded: bool = False) -> dict:
     """``spec`` holding one spare node (``spares: 1``), with standbys of the components on
     GPUs there (the trainers and rollout, a vLLM engine included); ``degraded``: standby
-    trainers, and rollout that runs short when it loses ranks (``on_loss: continue``)."""
+    trainers, and rollout that runs short when it loses ranks (``on_loss: continue``)
+    and takes the spare for a lost node when no node is free (``take_spares``)."""
     out = {**spec, "spares": 1, "component_placement": {}}
     for key, value in spec["component_placement"].items():
         for name in (n.strip() for n in key.split(",")):
             comp = dict(value) if isinstance(value, dict) else {"placement": value}
             if degraded and name == "rollout":
-                comp["on_loss"] = "continue"
+                # Its slot takes the spare only when no node is free: the trainers'
+                # standbys there end, and the operator's node is held as the next spare.
+                comp.update(on_loss="continue", take_spares=True)
             elif "node_group" not in comp:
                 comp["standby"] = True
             out["component_placement"][name] = comp

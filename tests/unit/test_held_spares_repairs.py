@@ -1,7 +1,8 @@
 """Which lost node a held spare stands in for, on the in-memory fake cluster: any whose
 bundles it can hold (by resources, not by which node it copied); not a node whose ranks
-all run short, which waits for a free node and leaves the spare to the standbys; and a
-repair with too few spares takes those there are and stays degraded for the rest."""
+all run short, which waits for a free node and leaves the spare to the standbys, unless
+they say ``take_spares`` (then a free node first, else the spare); and a repair with too
+few spares takes those there are and stays degraded for the rest."""
 
 from __future__ import annotations
 
@@ -69,12 +70,12 @@ SPLIT = {
 }
 
 
-async def split_job():
-    """SPLIT reserved on a head and three GPU nodes, once it holds its spare: the fake
-    cluster, the controller, the record and the spare."""
+async def split_job(spec: dict = SPLIT):
+    """``spec`` (SPLIT) reserved on a head and three GPU nodes, once it holds its spare:
+    the fake cluster, the controller, the record and the spare."""
     fake = cluster(gpu_nodes=3)
     ctl = await controller(fake)
-    await ctl.reserve("j", SPLIT, 5)
+    await ctl.reserve("j", spec, 5)
     rec = await held(fake, "j")
     return fake, ctl, rec, rec.spares[0]
 
@@ -104,6 +105,58 @@ def test_a_lost_node_of_ranks_that_run_short_leaves_the_spare_to_the_standbys():
             lambda: (r := stored(fake, "j")).state == "ready" and r.epoch > rec.epoch and r
         )
         assert spare.group_id in {s.group_id for s in rec.slots}
+        await ctl.stop()
+
+    run(go())
+
+
+TAKING = {
+    **SPLIT,
+    "component_placement": {
+        **SPLIT["component_placement"],
+        "rollout": {"placement": "4-7", "on_loss": "continue", "take_spares": True},
+    },
+}
+
+
+def test_ranks_that_run_short_and_take_spares_take_the_held_spare_when_no_node_is_free():
+    """``take_spares``: the rollout node's slot is placed on the spare at once rather
+    than waiting for a node to join (the trainers' standbys there end); the node that
+    joins is held as the new spare."""
+
+    async def go():
+        fake, ctl, rec, spare = await split_job(TAKING)
+        rollout_node = next(s.node_id for s in rec.slots if s.node_rank == 2)
+        fake.kill_node(rollout_node)
+        rec = await until(lambda: (r := stored(fake, "j")).epoch == 2 and r)
+        assert rec.state == "ready", rec.reason
+        (slot,) = [s for s in rec.slots if s.node_rank == 2]
+        assert (slot.group_id, slot.node_id) == (spare.group_id, spare.node_id)
+        rollout = assignments(await ctl.assignments("j", "rollout"))
+        assert {(a.placement_group_id, a.placement.node_id) for a in rollout} == {
+            (spare.group_id, spare.node_id)
+        }
+        joined = fake.add_node(num_gpus=4, num_cpus=4)
+        rec = await until(lambda: (r := stored(fake, "j")).spares and r)
+        assert [s.node_id for s in rec.spares] == [joined]
+        await ctl.stop()
+
+    run(go())
+
+
+def test_ranks_that_take_spares_go_to_a_free_node_first():
+    """A free node that fits is taken before the spare: the standbys stay warm."""
+
+    async def go():
+        fake, ctl, rec, spare = await split_job(TAKING)
+        free = fake.add_node(num_gpus=4, num_cpus=4)
+        rollout_node = next(s.node_id for s in rec.slots if s.node_rank == 2)
+        fake.kill_node(rollout_node)
+        rec = await until(lambda: (r := stored(fake, "j")).epoch == 2 and r)
+        assert rec.state == "ready", rec.reason
+        (slot,) = [s for s in rec.slots if s.node_rank == 2]
+        assert slot.node_id == free
+        assert [s.group_id for s in rec.spares] == [spare.group_id]
         await ctl.stop()
 
     run(go())

@@ -275,6 +275,15 @@ def test_numeric_labels_are_strings():
             },
             "standby: true and on_loss: continue are two answers to a lost rank",
         ),
+        (
+            {**BLOCK, "component_placement": {"rollout": {"placement": 0, "take_spares": True}}},
+            "cluster.component_placement.rollout.take_spares: only with on_loss: continue "
+            "(got on_loss 'repair'",
+        ),
+        (
+            {**BLOCK, "component_placement": {"rollout": {"placement": 0, "take_spares": "y"}}},
+            "cluster.component_placement.rollout.take_spares",
+        ),
     ],
 )
 def test_errors_name_the_key_path(conf, message):
@@ -312,6 +321,7 @@ def test_on_loss_continue_is_kept_for_components_whose_ranks_work_alone():
     )
     assert spec.component("rollout").runs_short
     assert not spec.component("actor").runs_short  # the default: repair before going on
+    assert not spec.component("rollout").take_spares  # the default: leave them to standbys
 
 
 def test_equal_meaning_gives_equal_specs():

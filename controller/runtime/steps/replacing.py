@@ -64,7 +64,8 @@ class Replacer:
         in ``holds`` until the caller has written the record. A lost node's slots go to
         a held spare of their shape first (``cluster.spares``): nothing to place; but
         the slots of a node whose ranks all run short (``on_loss: continue``) go to a
-        free node, leaving the spare to the standbys waiting on it. A repair replaces
+        free node, leaving the spare to the standbys waiting on it, and take the spare
+        only if none fits and they say ``take_spares`` (:func:`spares.spare_use`). A repair replaces
         what it can: the lost nodes with a place go there, and the record (epoch + 1)
         stays ``degraded``, saying why and asking the autoscaler, for those without; a
         move is all or nothing."""
@@ -104,20 +105,22 @@ class Replacer:
             bundles = [b for i in idxs for b in res.slots[i].bundles]
             sel = spares.selectors_for(res, node_rank)
             dead = res.nodes[node_rank]
-            held = (
-                None
-                if spares.leaves_spares(res, plan, node_rank)
-                else spares.held_for(res, dead, bundles, usable, taken, sel, keep)
-            )
+            use = spares.spare_use(res, plan, node_rank)
+            need = spares.need_of(bundles)
+            held, spare = None, None
+            if use == spares.FIRST:
+                held = spares.held_for(res, dead, bundles, usable, taken, sel, keep)
+            if held is None:
+                spare = spares.choose_spare(
+                    res.nodes[node_rank], live.nodes, free, need, taken, sel, keep,
+                    self._claims.busy(but=who),
+                )  # fmt: skip
+            if spare is None and use == spares.LAST:  # no free node: the spare after all
+                held = spares.held_for(res, dead, bundles, usable, taken, sel, keep)
             if held is not None:
                 taken.add(res.spares[held].node_id)
                 adopted[held] = idxs
                 continue
-            need = spares.need_of(bundles)
-            spare = spares.choose_spare(
-                res.nodes[node_rank], live.nodes, free, need, taken, sel, keep,
-                self._claims.busy(but=who),
-            )  # fmt: skip
             if spare is None:
                 first = res.slots[idxs[0]]
                 wants = ", ".join(f"{k} {v:g}" for k, v in sorted(need.items()))

@@ -1,0 +1,123 @@
+"""Rollout that runs short and takes a held spare (``take_spares: true``) on a real local
+cluster with no free node: a rollout node lost abruptly is placed on the spare the
+trainers' standbys wait on, at once, rather than waiting for a node to join. The
+trainers' standbys there end at their group's next ``refill_standbys()``, the rollout
+replacements start in their bundles and serve once admitted; a node that joins is held
+as the new spare and the trainers' standbys start there. Where each process runs is read
+from Ray's runtime context in it, and which processes are dead from Ray's actor table."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import ray
+
+import clients
+import clients.weights
+from tests.integration.conftest import GPUS_PER_NODE, local_cluster, remove, wait_for
+
+JOB = "short-spares"
+CONF = {
+    "num_nodes": 3,  # head + the trainers' node + the rollout's node; the third: the spare
+    "spares": 1,
+    "component_placement": {
+        "actor": {"placement": "0-3", "standby": True},
+        "rollout": {"placement": "4-7", "on_loss": "continue", "take_spares": True},
+    },
+}
+LOAD_S = 2.0  # each process's start (a model's load, stood in for)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head (no GPUs) + three nodes of 4 fake GPUs: the trainers', the rollout's and the
+    spare: no node free."""
+    yield from local_cluster(gpu_nodes=3)
+
+
+class Worker:
+    """A trainer (or its standby) and a rollout engine alike: loads, says where it runs,
+    holds the weights pushed to it."""
+
+    def __init__(self) -> None:
+        time.sleep(LOAD_S)
+
+    def load(self, version: int) -> int:
+        clients.weights.hold(version)
+        return version
+
+    def generate(self, prompts: list[int], version: int) -> list[int]:
+        clients.weights.require(version)
+        return [p * 10 for p in prompts]
+
+    def seen(self) -> dict:
+        return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
+
+
+def standbys_on_one_node(group, but: str = "", timeout: float = 90.0) -> tuple[str, list]:
+    """Once the group's four standbys run on one node other than ``but``: that node (as
+    Ray says in each) and the standby actors."""
+
+    def found():
+        group.refill_standbys()
+        actors = group.standbys
+        nodes = {s["node"] for s in ray.get([a.seen.remote() for a in actors], timeout=30)}
+        return (
+            len(actors) == GPUS_PER_NODE
+            and len(nodes) == 1
+            and but not in nodes
+            and (
+                nodes.pop(),
+                actors,
+            )
+        )
+
+    return wait_for(found, timeout=timeout)
+
+
+def dead(actor) -> bool:
+    entry = ray._private.state.state.actor_table(actor._actor_id.hex()) or {}
+    return entry.get("State") == "DEAD"
+
+
+def test_a_lost_rollout_node_takes_the_spare_when_no_node_is_free(cluster):
+    ctl = clients.connect()
+    try:
+        res = ctl.reserve(JOB, CONF, timeout_s=120)
+        actor = clients.WorkerGroup.launch(res, "actor", Worker, detached=True)
+        spare, standbys = standbys_on_one_node(actor)
+        rollout = clients.WorkerGroup.launch(res, "rollout", Worker, detached=True)
+        rollout.push("load", 1, version=1)
+        (lost_node,) = {ray.get(a.seen.remote())["node"] for a in rollout.live.values()}
+        trainers = {ray.get(a.seen.remote())["node"] for a in actor.actors}
+        assert len({lost_node, spare, *trainers}) == 3
+
+        remove(cluster, lost_node)  # abruptly: every process of the node killed
+        assert rollout.repair(timeout=120, hung_after=5) == [0, 1, 2, 3]
+        # The trainers' next step boundary ends their standbys on the spare the slot took
+        # (the controller took it once Ray's verdict was in: no node joined meanwhile).
+        wait_for(lambda: (actor.refill_standbys(), not actor.standbys)[1], timeout=60)
+        wait_for(lambda: all(dead(s) for s in standbys), timeout=30)
+        # Their bundles free, the rollout replacements start there and serve once admitted.
+        wait_for(lambda: rollout.replacements_ready() == [0, 1, 2, 3], timeout=120)
+        assert rollout.admit() == [0, 1, 2, 3]
+        rollout.push("load", 2, version=2)
+        serving = rollout.serving(2)
+        assert sorted(serving) == [0, 1, 2, 3]
+        assert {ray.get(a.seen.remote())["node"] for a in serving.values()} == {spare}
+        assert ray.get([a.generate.remote([r], 2) for r, a in serving.items()]) == [
+            [0],
+            [10],
+            [20],
+            [30],
+        ]
+        # The trainers kept running, on their node, the same processes.
+        assert {ray.get(a.seen.remote())["node"] for a in actor.actors} == trainers
+        # A node joins: it is held as the next spare, and the trainers' standbys start there.
+        cluster.add_node(num_cpus=GPUS_PER_NODE, num_gpus=GPUS_PER_NODE)
+        joined, _ = standbys_on_one_node(actor, but=spare)
+        assert joined not in {spare, lost_node, *trainers}
+    finally:
+        ctl.release(JOB)
