@@ -15,13 +15,14 @@ import pytest
 
 from tests.training import ROOT, quiet
 
-# The quick schedule's degraded ETTR as measured (docs/evidence/benchmarks.md: 0.39-0.41
-# on this project's 2 cores, where relaunching gets 0.26 and starting over 0.08; its 10
-# steps of 1.1 s make every second of a recovery count): bound below it with room for
-# CI's loaded cores. A trainer node's loss redoes its step (a promotion and a rejoin); a
-# rollout node's costs the steps it runs short and nothing else: its next step came
-# 1.4 s after it (relaunching: 12.8 s).
-DEGRADED_ETTR_AT_LEAST = 0.30
+# The quick schedule's degraded ETTR as measured (docs/evidence/benchmarks.md: 0.469 on
+# this project's 2 cores, where relaunching got 0.26 and starting over 0.08; its 10 steps
+# of 1 s make every second of a recovery count): bound below it with room for CI's
+# loaded cores. A trainer node's loss runs its update again (a promotion and a rejoin,
+# waiting here for standbys still loading on the new spare); a rollout node's costs the
+# steps it runs short and nothing else: its next step came 1.7 s after it (relaunching:
+# 12.8 s).
+DEGRADED_ETTR_AT_LEAST = 0.35
 # A figure the docs state, measured alone as they measured it.
 pytestmark = pytest.mark.alone
 NEXT_STEP_AFTER_ROLLOUT_LOSS_S = 6.0

@@ -15,8 +15,8 @@ import pytest
 import ray
 
 import clients
-import clients.weights
 from tests.integration.conftest import GPUS_PER_NODE, local_cluster, remove, wait_for
+from tests.integration.test_short import Engine  # the rollout engine of running short
 
 JOB = "short-spares"
 CONF = {
@@ -27,7 +27,7 @@ CONF = {
         "rollout": {"placement": "4-7", "on_loss": "continue", "take_spares": True},
     },
 }
-LOAD_S = 2.0  # each process's start (a model's load, stood in for)
+LOAD_S = 2.0  # a trainer's start (a model's load, stood in for)
 
 
 @pytest.fixture(scope="module")
@@ -37,20 +37,11 @@ def cluster():
     yield from local_cluster(gpu_nodes=3)
 
 
-class Worker:
-    """A trainer (or its standby) and a rollout engine alike: loads, says where it runs,
-    holds the weights pushed to it."""
+class Trainer:
+    """A trainer rank or its standby: loads, and says where it runs."""
 
     def __init__(self) -> None:
         time.sleep(LOAD_S)
-
-    def load(self, version: int) -> int:
-        clients.weights.hold(version)
-        return version
-
-    def generate(self, prompts: list[int], version: int) -> list[int]:
-        clients.weights.require(version)
-        return [p * 10 for p in prompts]
 
     def seen(self) -> dict:
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
@@ -86,9 +77,9 @@ def test_a_lost_rollout_node_takes_the_spare_when_no_node_is_free(cluster):
     ctl = clients.connect()
     try:
         res = ctl.reserve(JOB, CONF, timeout_s=120)
-        actor = clients.WorkerGroup.launch(res, "actor", Worker, detached=True)
+        actor = clients.WorkerGroup.launch(res, "actor", Trainer, detached=True)
         spare, standbys = standbys_on_one_node(actor)
-        rollout = clients.WorkerGroup.launch(res, "rollout", Worker, detached=True)
+        rollout = clients.WorkerGroup.launch(res, "rollout", Engine, detached=True)
         rollout.push("load", 1, version=1)
         (lost_node,) = {ray.get(a.seen.remote())["node"] for a in rollout.live.values()}
         trainers = {ray.get(a.seen.remote())["node"] for a in actor.actors}

@@ -92,6 +92,7 @@ def test_a_lost_node_of_ranks_that_run_short_leaves_the_spare_to_the_standbys():
         fake.kill_node(rollout_node)
         rec = await until(lambda: (r := stored(fake, "j")).state == "degraded" and r)
         assert "waiting for one to join" in rec.reason
+        assert "the held spares are left to the standbys: take_spares: true" in rec.reason
         assert [s.group_id for s in rec.spares] == [spare.group_id]  # still held
         fake.add_node(num_gpus=4, num_cpus=4)  # a free node joins: the slot goes there
         rec = await until(lambda: (r := stored(fake, "j")).state == "ready" and r)

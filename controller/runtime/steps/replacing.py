@@ -65,10 +65,10 @@ class Replacer:
         a held spare of their shape first (``cluster.spares``): nothing to place; but
         the slots of a node whose ranks all run short (``on_loss: continue``) go to a
         free node, leaving the spare to the standbys waiting on it, and take the spare
-        only if none fits and they say ``take_spares`` (:func:`spares.spare_use`). A repair replaces
-        what it can: the lost nodes with a place go there, and the record (epoch + 1)
-        stays ``degraded``, saying why and asking the autoscaler, for those without; a
-        move is all or nothing."""
+        only if none fits and they say ``take_spares`` (:func:`spares.spare_use`). A
+        repair replaces what it can: the lost nodes with a place go there, and the
+        record (epoch + 1) stays ``degraded``, saying why and asking the autoscaler, for
+        those without; a move is all or nothing."""
         await self._nodes.refresh()
         table = await self._io.groups(sorted(res.group_ids()))
         found = groups.broken_slots(res, table, self._nodes, self._nodes.suspected())
@@ -130,6 +130,12 @@ class Replacer:
                     f"slot {idxs[0]} (node rank {node_rank}) {lost_how} {first.node_ip} "
                     f"({first.node_id[:12]}); no spare node of the same kind with {wants} "
                     f"free{where}; waiting for one to join"
+                    + (
+                        " (its ranks run short; the held spares are left to the standbys:"
+                        " take_spares: true would take one)"
+                        if use == spares.NEVER and usable
+                        else ""
+                    )
                 )
                 short.append((res.nodes[node_rank], [res.slots[i] for i in idxs]))
                 continue
