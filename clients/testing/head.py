@@ -209,9 +209,18 @@ def restartable_cluster(gpu_nodes: int = 3, gpus: int = 4, store: str = "redis")
     connected; all stopped on exit."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault(TEST_HOOKS, "1")  # a controller here answers the tests' hooks
-    kept = STORES[store]()
+    stores: list[RedisServer | RocksStore] = []
+
+    def head() -> FaultTolerantCluster:
+        # A head whose start timed out may have written its GCS's tables: the next
+        # start gets a store of its own, as the first did.
+        while stores:
+            stores.pop().stop()
+        stores.append(STORES[store]())
+        return FaultTolerantCluster(stores[-1], {"num_cpus": 2, "num_gpus": 0})
+
     try:
-        c = FaultTolerantCluster(kept, {"num_cpus": 2, "num_gpus": 0})
+        c = started(head, "head")  # a start that timed out is tried again (local.py)
         try:
             for _ in range(gpu_nodes):  # a start that timed out is tried again (local.py)
                 started(lambda: c.add_node(num_cpus=gpus, num_gpus=gpus), "node")
@@ -222,4 +231,5 @@ def restartable_cluster(gpu_nodes: int = 3, gpus: int = 4, store: str = "redis")
             ray.shutdown()
             c.shutdown()
     finally:
-        kept.stop()
+        for kept in stores:
+            kept.stop()
