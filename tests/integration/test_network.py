@@ -218,9 +218,16 @@ def test_a_raylet_killed_alone_is_fenced_at_once_on_proof(hosts, driver):
     victim = hosts.hosts[_job_hosts(hosts, before)[0]]
     doomed = [i for i, r in enumerate(before) if r["ip"] == victim.ip]
     hosts.kill_raylet(victim)
+    killed = time.monotonic()
     repaired = driver.ask("repair", timeout=120)
+    # The host's workers outlive its raylet for a moment, and a repair asked that instant
+    # finds every rank answering (a clean-clone run: nothing lost, 0.11 s): a job's next
+    # call fails once they are gone, and it asks again. Bounded from the kill.
+    while not repaired["lost"] and time.monotonic() - killed < REFUSED_REPAIR_BOUND_S:
+        time.sleep(0.2)
+        repaired = driver.ask("repair", timeout=120)
     assert repaired["lost"] == doomed, repaired
-    assert repaired["seconds"] < REFUSED_REPAIR_BOUND_S, repaired
+    assert time.monotonic() - killed < REFUSED_REPAIR_BOUND_S, repaired
     said = [m for kind, m in driver.ask("events")["events"] if kind == "fenced"]
     assert any("refuses connections" in m and victim.ip in m for m in said), said
     assert all(r["ip"] != victim.ip for r in _answering(driver))

@@ -68,6 +68,13 @@ class Worker:
             "promotions": self.promotions,
         }
 
+    def leave(self) -> None:
+        """Destroy this rank's process group (rank 0's: its store with it)."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
     def all_reduce(self, generation: int) -> float:
         import torch
         import torch.distributed as dist
@@ -335,6 +342,10 @@ def test_a_lost_node_of_fewer_ranks_is_repaired_on_the_spare_of_a_fuller_one(clu
             assert (seen["node"], seen["group"]) == (spare, kept.group_id)
             assert seen["env"]["RANK"] == str(r) and seen["env"]["PLACECTL_STANDBY"] is None
             assert len(seen["gpus"]) == 1 and seen["visible"] == str(seen["gpus"][0])
+        # Every rank leaves the old group before any joins the new one, as a job does:
+        # rank 0 kept its master address and port, and a rank joining meanwhile reached
+        # the old group's store as rank 0 closed it (gloo: "Failed to recv").
+        ray.get([a.leave.remote() for a in group.actors])
         assert ray.get([a.all_reduce.remote(1) for a in group.actors]) == [21.0] * 6
         group.shutdown()
     finally:
