@@ -177,9 +177,13 @@ class Job(Recovery):
     def _say_sampled(self) -> None:
         """What the rollout ranks serving at the end sampled, by step, in their own count
         (the run's record keeps it: a step rolled out twice shows twice its prompts)."""
-        live = list(self.groups["rollout"].live.values())
+        refs = [a.sampled_prompts.remote() for a in self.groups["rollout"].live.values()]
         counts: dict[int, int] = {}
-        for done in ray.get([a.sampled_prompts.remote() for a in live], timeout=60):
+        for ref in refs:
+            try:  # a rank lost after the last step: its count went with it, the run stands
+                done = ray.get(ref, timeout=60)
+            except (ray.exceptions.RayError, TimeoutError):
+                continue
             for step, n in done.items():
                 counts[step] = counts.get(step, 0) + n
         send("event", kind="sampled", prompts=counts, per_step=self.opts.config.prompts)
