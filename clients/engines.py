@@ -43,7 +43,7 @@ from controller.planning.ranks import format_ranks
 from controller.state.assignments import Assignment
 from controller.state.environment import VLLM
 from controller.state.leases import cores_of
-from controller.state.spares import STANDBY
+from controller.state.standbys import STANDBY
 
 ENGINE_PORTS = 16  # vLLM takes 1-3 for one engine (its distributed init, data parallel)
 LEASE = "engine"
@@ -152,7 +152,7 @@ def engine_environment(
     def leased(a: Assignment) -> dict[str, str]:
         rank, node = a.placement.rank, a.placement.node_id
         # A standby leases on its held spare, for its bundle; promoted, the leases are the
-        # rank's, under the same names (controller.state.spares.settle_standby_leases).
+        # rank's, under the same names (controller.state.standbys.settle_standby_leases).
         at = (a.placement_group_id, a.bundle_index) if a.env.get(STANDBY) == "1" else None
         ports = reservation.lease_ports(
             component, rank, ENGINE_PORTS, True, f"{LEASE}@{node}", standby=at

@@ -348,11 +348,20 @@ class Roster:
         """Start replacements of ``ranks`` for ``fresh`` beside the running workers (a
         detached one is named after its assignment's epoch, so both live at once and a
         restarted driver finds it); those already started for the same assignment
-        stand. Returns the ranks with a replacement waiting."""
+        stand. A standby running in a rank's new bundle (the repair made its held spare
+        the rank's slot) is the replacement: promoted now, ready once the promotion
+        answers, and no process starts. Returns the ranks with a replacement waiting."""
         same = {r for r in ranks if r in self.prepared and self.prepared[r][1] == fresh[r]}
         self.drop_prepared(keep=same)
         for r in ranks:
-            if r not in self.prepared:
+            if r in self.prepared:
+                continue
+            standing = self.standbys.take(fresh[r])
+            if standing is not None:
+                actor, own, name, tag = standing
+                self.prepared[r] = (actor, fresh[r], name, tag)
+                self._ready[r] = self._promote(actor, fresh[r], own, tag, name)
+            else:
                 name = f"{worker_name(self.job, self.component, r)}@{fresh[r].epoch}"
                 actor, name, tag = self.start(fresh[r], len(fresh), name)
                 self.prepared[r] = (actor, fresh[r], name, tag)

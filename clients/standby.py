@@ -41,7 +41,7 @@ import ray
 from clients.launching import WORKER_NAMESPACE, detached_worker, worker_name
 from controller import PlacementError
 from controller.state.assignments import Assignment
-from controller.state.spares import STANDBY
+from controller.state.standbys import STANDBY
 from controller.surface import new_tag
 
 Key = tuple[str, int]  # (placement group id, bundle index)

@@ -184,6 +184,14 @@ class WorkerGroup(Serving, Moves):
         (Ray's actor table, to replace a dead one)."""
         if not self.reservation.spec.component(self.component).standby:
             return []
+        with self._short.lock:  # the background start takes standbys too
+            if any(r not in self._roster.prepared for r in self._short.lost):
+                # A lost rank's replacement may be the standby in its new bundle, on a
+                # spare the reservation holds no more: left until it is taken.
+                return []
+            return self._refill_standbys()
+
+    def _refill_standbys(self) -> list:
         # A standby that crashed, or whose spare died, is listed no more: Ray's actor
         # table says so (one read per standby), and a new one starts in its bundle.
         died = self._roster.standbys.dead(verdict.actor_dead)

@@ -137,12 +137,6 @@ def _rank_loss(comp: _Component, name: str, names: list[str], where: str) -> str
             "(a lost rank breaks every other rank's step); continue is for components whose "
             "ranks each work alone (rollout, reward, env)"
         )
-    if comp.standby:
-        raise SpecError(
-            f"{where}: standby: true and on_loss: continue are two answers to a lost rank "
-            "(promote a standby before going on, or go on short while a replacement starts): "
-            "pick one"
-        )
     if comp.topology is not None:
         raise SpecError(
             f"{where}.on_loss continue: its topology makes groups of {comp.topology.segment} "

@@ -100,7 +100,9 @@ class ComponentSpec(msgspec.Struct, frozen=True, kw_only=True):
         topology: the segments that must each stay within one NVLink domain or rack.
         standby: a worker group of it keeps standby processes running on the
             reservation's held spares (``cluster.spares``), promoted in place of ranks a
-            lost node took: a repair starts no process for them.
+            lost node took: a repair starts no process for them. With ``on_loss:
+            continue`` a standby is a lost rank's replacement, ready at once: the job
+            goes on short and admits it at its next weight push.
         on_loss: ``repair`` (default): a worker group's ``repair()`` relaunches the lost
             ranks before it returns. ``continue``: it returns at once with them, the job
             goes on with the ranks that answer, and the replacements start in the

@@ -31,7 +31,7 @@ from controller.state import verdicts as vd
 from controller.state.published import summarize
 from controller.state.records import ReservationRecord
 from controller.state.requests import ComponentOf, Fault, JobOf, NodesOf
-from controller.state.spares import standby_assignments
+from controller.state.standbys import standby_assignments
 from controller.state.table import where
 
 log = logging.getLogger("placectl.controller")

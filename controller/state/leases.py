@@ -40,7 +40,7 @@ class PortLease(msgspec.Struct, frozen=True, kw_only=True):
         standby: ``(placement group id, bundle index)`` of a held spare's bundle when
             leased for the standby process there (``rank`` is then -1); a repair that
             makes the spare a slot hands the lease to the rank now in that bundle
-            (:func:`controller.state.spares.settle_standby_leases`).
+            (:func:`controller.state.standbys.settle_standby_leases`).
     """
 
     node_id: str

@@ -84,6 +84,10 @@ class SlotRecord(msgspec.Struct, frozen=True, kw_only=True):
     group_name: str
     group_id: str = ""
     bundles: list[BundleRecord] = []
+    # A held spare (node_rank -1): the node rank whose slots it copies, so that its
+    # standbys are that node's (controller.state.spares.spare_ranks); -1 in a slot, and
+    # in a spare held before spares had kinds (it copies the fullest node).
+    copies: int = -1
 
     def bundle_index(self, kind: str, local_index: int, hardware: str = "") -> int:
         for i, b in enumerate(self.bundles):

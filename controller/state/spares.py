@@ -17,9 +17,9 @@ from controller.planning.topology import (
     TOPO_RANK_RESOURCE,
     place_of,
 )
-from controller.state.assignments import Assignment, build_assignments
+from controller.state.assignments import build_assignments
 from controller.state.plan import JobPlan
-from controller.state.records import BundleRecord, ReservationRecord
+from controller.state.records import BundleRecord, ReservationRecord, SlotRecord
 
 # Ray's labels that say what a node is (not which node): a spare must match them.
 KIND_LABELS = ("ray.io/accelerator-type", "ray.io/node-group", "ray.io/market-type")
@@ -194,26 +194,84 @@ def shape(bundles: Iterable[BundleRecord]) -> tuple:
     return tuple((b.kind, b.local_index, tuple(sorted(b.resources.items()))) for b in bundles)
 
 
-def spare_bundles(res: ReservationRecord) -> tuple[int, list[BundleRecord]]:
-    """The node rank whose slots a held spare copies (the node with the most accelerator
-    bundles, then the most bundles, the lowest rank among equals: a GPU node, not a
-    CPU head with a few node-level processes), and those bundles as a new group asks
-    for them."""
+def _weight(res: ReservationRecord, rank: int) -> tuple[int, int, int]:
+    """How full the node at ``rank`` is: its accelerator bundles, then its bundles, the
+    lowest rank first among equals (a GPU node before a CPU head with a few node-level
+    processes)."""
+    bundles = node_bundles(res, rank)
+    return sum(1 for b in bundles if b.kind == ACCELERATOR), len(bundles), -rank
+
+
+def fullest_rank(res: ReservationRecord) -> int:
+    """The node rank with the most accelerator bundles (:func:`_weight`), -1 for none."""
     ranks = sorted({s.node_rank for s in res.slots})
-    if not ranks:
-        return -1, []
+    return max(ranks, key=lambda r: _weight(res, r)) if ranks else -1
 
-    def weight(r: int) -> tuple[int, int, int]:
-        bundles = node_bundles(res, r)
-        accel = sum(1 for b in bundles if b.kind == ACCELERATOR)
-        return accel, len(bundles), -r
 
-    rank = max(ranks, key=weight)
+def spare_bundles(
+    res: ReservationRecord, rank: int | None = None
+) -> tuple[int, list[BundleRecord]]:
+    """The node rank a held spare copies (``rank``; by default the fullest node,
+    :func:`fullest_rank`), and that node's bundles as a new group asks for them."""
+    rank = fullest_rank(res) if rank is None else rank
     fresh = [
         msgspec.structs.replace(b, physical_id=-1, uuid="", pci_bus_id="")
         for b in node_bundles(res, rank)
     ]
     return rank, fresh
+
+
+def node_standbys(res: ReservationRecord, plan: JobPlan | None) -> dict[int, frozenset[str]]:
+    """For each node rank of ``res``, the components with ``standby: true`` that have
+    ranks there: what a spare copying that node runs standbys of."""
+    out: dict[int, set[str]] = {s.node_rank: set() for s in res.slots}
+    if plan is None:
+        return {r: frozenset() for r in out}
+    standby = {c.name for c in res.spec.components if c.standby}
+    for component, items in build_assignments(res, plan).items():
+        if component in standby:
+            for a in items:
+                out.setdefault(a.placement.node_rank, set()).add(component)
+    return {r: frozenset(c) for r, c in out.items()}
+
+
+def spare_ranks(res: ReservationRecord, plan: JobPlan | None) -> list[int]:
+    """The node rank each of the ``cluster.spares`` held spares copies, in the order they
+    are held. Nodes differ in which standbys they would run (the components with
+    ``standby: true`` that have ranks on them): with trainers and rollout on nodes of
+    their own, a trainer node's copy runs standby trainers, a rollout node's standby
+    rollout. The spares take each such kind in turn, the fullest kind first (its
+    fullest node); so one spare copies the fullest node, as without kinds, and two
+    cover a trainer node and a rollout node. Without standbys, every spare copies the
+    fullest node."""
+    fullest = fullest_rank(res)
+    if fullest < 0:
+        return []
+    content = node_standbys(res, plan)
+    kinds: dict[frozenset[str], int] = {}
+    for rank in sorted(content, key=lambda r: _weight(res, r), reverse=True):
+        if content[rank]:
+            kinds.setdefault(content[rank], rank)
+    order = list(kinds.values()) or [fullest]
+    return [order[i % len(order)] for i in range(res.spec.spares)]
+
+
+def copied_rank(res: ReservationRecord, spare: SlotRecord) -> int:
+    """The node rank ``spare`` copies: its own where it names one of ``res``'s nodes;
+    the fullest node otherwise (a spare held before spares had kinds)."""
+    ranks = {s.node_rank for s in res.slots}
+    return spare.copies if spare.copies in ranks else fullest_rank(res)
+
+
+def spares_like(res: ReservationRecord, plan: JobPlan | None, node_rank: int) -> set[int]:
+    """The indexes in ``res.spares`` of the held spares that copy a node running the
+    same standbys as the node at ``node_rank`` (none when it runs none): the spares
+    whose standbys stand in for that node's ranks."""
+    content = node_standbys(res, plan)
+    want = content.get(node_rank, frozenset())
+    if not want:
+        return set()
+    return {i for i, s in enumerate(res.spares) if content.get(copied_rank(res, s)) == want}
 
 
 # When a lost node's slots may take a held spare (spare_use): before a free node, after
@@ -264,18 +322,19 @@ def held_for(
     exclude: set[str],
     selectors: Iterable[dict[str, str]] = (),
     keep: Sequence[Keep] = (),
+    only: set[int] | None = None,
 ) -> int | None:
-    """The index in ``res.spares`` of the held spare that stands in for the node ``dead``
-    and its slots' ``bundles``: on a node in ``usable`` (alive, not draining, its group
-    placed) that :func:`choose_spare` would take, able to hold ``bundles``
-    (:func:`holds`: by resources, not by which node it copied); one of their very shape
-    first, so that a node with fewer bundles does not take the spare a whole node's
-    loss would need, then the nearest. None when none fits."""
+    """The index in ``res.spares`` (among ``only`` when given) of the held spare that
+    stands in for the node ``dead`` and its slots' ``bundles``: on a node in ``usable``
+    (alive, not draining, its group placed) that :func:`choose_spare` would take, able
+    to hold ``bundles`` (:func:`holds`: by resources, not by which node it copied); one
+    of their very shape first, so that a node with fewer bundles does not take the
+    spare a whole node's loss would need, then the nearest. None when none fits."""
     want = shape(bundles)
     fits = {
         s.node_id: i
         for i, s in enumerate(res.spares)
-        if s.node_id in usable and holds(s.bundles, bundles)
+        if s.node_id in usable and holds(s.bundles, bundles) and (only is None or i in only)
     }
     exact = [n for n, i in fits.items() if shape(res.spares[i].bundles) == want]
     for among in (exact, list(fits)):
@@ -285,72 +344,3 @@ def held_for(
         if node is not None:
             return fits[node.node_id]
     return None
-
-
-# Job-wide identity a standby process must not have: it is no rank until promoted, and a
-# collective formed from its environment (torch's env://) must fail, not join as another.
-_NO_RANK_YET = ("RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
-STANDBY = "PLACECTL_STANDBY"
-
-
-def standby_assignments(res: ReservationRecord, plan: JobPlan, component: str) -> list[Assignment]:
-    """What the standby processes of ``component`` start with, spare by spare: the
-    ranks the copied node holds (:func:`spare_bundles`), as they would be were that
-    node's slots the held spare's group (its devices and node-local environment), less
-    the job-wide identity (``RANK``, ``MASTER_ADDR``, ...), with ``PLACECTL_STANDBY=1``.
-
-    A repair that makes the spare a lost node's slot keeps the group and its bundle
-    indices, so a standby stands in for the lost rank whose new assignment names its
-    ``(placement_group_id, bundle_index)``."""
-    rank, _ = spare_bundles(res)
-    out = []
-    for spare in res.spares:
-        others = [s for s in res.slots if s.node_rank != rank]
-        stand_in = msgspec.structs.replace(
-            res, slots=[*others, msgspec.structs.replace(spare, node_rank=rank)]
-        )
-        for a in build_assignments(stand_in, plan).get(component, []):
-            if a.placement.node_rank != rank:
-                continue
-            env = {k: v for k, v in a.env.items() if k not in _NO_RANK_YET}
-            out.append(msgspec.structs.replace(a, env={**env, STANDBY: "1"}))
-    return out
-
-
-def standby_at(
-    res: ReservationRecord, plan: JobPlan, component: str, standby: tuple[str, int]
-) -> Assignment | None:
-    """The assignment of ``component``'s standby in the held spare's bundle ``standby``
-    (placement group id, bundle index), or None when there is none."""
-    for a in standby_assignments(res, plan, component):
-        if (a.placement_group_id, a.bundle_index) == tuple(standby):
-            return a
-    return None
-
-
-def settle_standby_leases(res: ReservationRecord, plan: JobPlan | None) -> ReservationRecord:
-    """``res`` with the leases of its standbys (``standby`` set) settled: each stays while
-    its spare is held; once a repair has made the spare a slot (``plan`` given), it
-    becomes the lease of the rank of its component now in its bundle (the standby,
-    promoted: the ports it listens on and the cores it binds stay its own), or ends
-    when another component's rank is there; it ends with a spare that is let go."""
-    held = {s.group_id for s in res.spares}
-    ranks: dict[tuple[str, str, int], int] = {}
-    if plan is not None:
-        for component, items in build_assignments(res, plan).items():
-            for a in items:
-                ranks[(component, a.placement_group_id, a.bundle_index)] = a.placement.rank
-
-    def settled(items: list) -> list:
-        out = []
-        for x in items:
-            if x.standby is None or x.standby[0] in held:
-                out.append(x)
-            elif (rank := ranks.get((x.component, *x.standby))) is not None:
-                out.append(msgspec.structs.replace(x, rank=rank, standby=None))
-        return out
-
-    leases, cores = settled(res.leases), settled(res.cores)
-    if leases == res.leases and cores == res.cores:
-        return res
-    return msgspec.structs.replace(res, leases=leases, cores=cores)

@@ -4,7 +4,7 @@ in each way of recovering, side by side on one local cluster.
 
 The job is ``scripts/job/train.py``'s, with training and rollout on nodes of their own
 (``--layout split``: four trainer ranks on two nodes, six rollout workers on three, a
-head and six GPU nodes of 2 fake GPUs, one free; a node lost is replaced by a fresh one
+head and seven GPU nodes of 2 fake GPUs, two free; a node lost is replaced by a fresh one
 after the next step, as an operator's would be; ``--free-nodes`` adds nodes up and free
 from the start, a warm pool's headroom). Every trainer and rollout rank takes
 ``--load-s`` seconds to start (a stand-in for a model's load). Faults are abrupt node

@@ -16,7 +16,10 @@ SPEC = HERE.parent / "examples" / "grpo.yaml"
 VLLM_SPEC = HERE.parent / "examples" / "grpo_vllm.yaml"
 SPLIT_SPEC = HERE.parent / "examples" / "grpo_split.yaml"
 VLLM_SPLIT_SPEC = HERE.parent / "examples" / "grpo_vllm_split.yaml"
-SPLIT_GPU_NODES = 6  # --layout split: five for the job, one free
+# --layout split: five for the job, and two held as spares with --standby or --degraded
+# (one copies a trainer node, one a rollout node: each runs its kind's standbys), free
+# otherwise.
+SPLIT_GPU_NODES = 7
 # What every process of the embedded cluster sees in --rollout vllm: the engines' own
 # processes import the job's worker extension; a small KV cache (GiB; the default takes a
 # share of the machine's memory); the model is made here, nothing comes from a hub.
@@ -52,19 +55,24 @@ def engine_config(config: TrainConfig, out: str) -> TrainConfig:
     )
 
 
-def with_standby(spec: dict, degraded: bool = False) -> dict:
-    """``spec`` holding one spare node (``spares: 1``), with standbys of the components on
-    GPUs there (the trainers and rollout, a vLLM engine included); ``degraded``: standby
-    trainers, and rollout that runs short when it loses ranks (``on_loss: continue``)
-    and takes the spare for a lost node when no node is free (``take_spares``)."""
-    out = {**spec, "spares": 1, "component_placement": {}}
+def with_standby(spec: dict, degraded: bool = False, spares: int = 1) -> dict:
+    """``spec`` holding ``spares`` spare nodes, with standbys of the components on GPUs
+    there (the trainers and rollout, a vLLM engine included; with two spares and
+    training and rollout on nodes of their own, one spare runs each's); ``degraded``:
+    rollout runs short when it loses ranks (``on_loss: continue``), and takes a held
+    spare for a lost node when none of its own kind is held and no node is free
+    (``take_spares``); with one spare only the trainers keep standbys (the spare copies
+    a trainer's node), with two rollout keeps its own too, promoted as the lost ranks'
+    replacements and admitted at the next weight push."""
+    out = {**spec, "spares": spares, "component_placement": {}}
     for key, value in spec["component_placement"].items():
         for name in (n.strip() for n in key.split(",")):
             comp = dict(value) if isinstance(value, dict) else {"placement": value}
             if degraded and name == "rollout":
-                # Its slot takes the spare only when no node is free: the trainers'
-                # standbys there end, and the operator's node is held as the next spare.
-                comp.update(on_loss="continue", take_spares=True)
+                # Without a spare of its own kind, its slot takes the trainers' spare
+                # only when no node is free: their standbys there end, and the
+                # operator's node is held as the next spare.
+                comp.update(on_loss="continue", take_spares=True, standby=spares > 1)
             elif "node_group" not in comp:
                 comp["standby"] = True
             out["component_placement"][name] = comp
@@ -77,5 +85,9 @@ def job_spec(config: TrainConfig, layout: str, mode: str) -> dict:
     path, _ = LAYOUTS[(config.rollout, layout)]
     spec = yaml.safe_load(path.read_text())["cluster"]
     if mode in ("standby", "degraded"):
-        spec = with_standby(spec, degraded=mode == "degraded")
+        # The ETTR benchmark's layout holds a spare per kind of node; the vLLM split
+        # layout one, for the trainers (a standby engine would take a core of this
+        # machine for 20-30 s at every start).
+        spares = 2 if (config.rollout, layout) == ("policy", "split") else 1
+        spec = with_standby(spec, degraded=mode == "degraded", spares=spares)
     return spec

@@ -57,10 +57,12 @@ relaunched engine starts from the model on disk and takes the last committed wei
 
 ``--layout split`` puts training and rollout on nodes of their own
 (``scripts/examples/grpo_split.yaml``: four trainer ranks on two nodes, six rollout
-workers on three; a head and six GPU nodes, one free; with ``--rollout vllm``
+workers on three; a head and seven GPU nodes, two free; with ``--rollout vllm``
 ``scripts/examples/grpo_vllm_split.yaml``: two trainer ranks on one node, two engines on
 two more, a head and five GPU nodes, two free). ``--degraded`` lets rollout run
-short (``on_loss: continue``) and holds a spare with standby trainers. ``--load-s``
+short (``on_loss: continue``) and holds a spare with standby trainers; in the split
+layout of the policy's rollout a second spare with standby rollout workers, promoted as
+a lost node's replacements and admitted at the next weight push. ``--load-s``
 makes every trainer and rollout rank take that long to start (a model's load).
 
 ``--baseline`` recovers as a framework without placectl does (release, reserve from

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from clients.standby import AGAIN, BECAME, NEWER, PROMOTED, TAKEN, promote_here
-from controller.state.spares import STANDBY
+from controller.state.standbys import STANDBY
 
 
 class Standby:

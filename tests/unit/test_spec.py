@@ -267,15 +267,6 @@ def test_numeric_labels_are_strings():
             "its topology makes groups of 2 ranks that work together",
         ),
         (
-            {
-                **BLOCK,
-                "component_placement": {
-                    "rollout": {"placement": 0, "on_loss": "continue", "standby": True}
-                },
-            },
-            "standby: true and on_loss: continue are two answers to a lost rank",
-        ),
-        (
             {**BLOCK, "component_placement": {"rollout": {"placement": 0, "take_spares": True}}},
             "cluster.component_placement.rollout.take_spares: only with on_loss: continue "
             "(got on_loss 'repair'",
@@ -322,6 +313,21 @@ def test_on_loss_continue_is_kept_for_components_whose_ranks_work_alone():
     assert spec.component("rollout").runs_short
     assert not spec.component("actor").runs_short  # the default: repair before going on
     assert not spec.component("rollout").take_spares  # the default: leave them to standbys
+
+
+def test_rollout_may_run_short_and_keep_standbys_for_its_replacements():
+    spec = load_spec(
+        {
+            "num_nodes": 3,
+            "spares": 2,
+            "component_placement": {
+                "actor": {"placement": "0-1", "standby": True},
+                "rollout": {"placement": "2-3", "on_loss": "continue", "standby": True},
+            },
+        }
+    )
+    rollout = spec.component("rollout")
+    assert rollout.runs_short and rollout.standby
 
 
 def test_equal_meaning_gives_equal_specs():

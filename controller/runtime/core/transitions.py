@@ -18,7 +18,7 @@ from controller.runtime.core.state import ReservationState
 from controller.state.leases import CoreLease, PortLease
 from controller.state.published import Published
 from controller.state.records import DEGRADED, READY, RELEASING, Applying, ReservationRecord
-from controller.state.spares import settle_standby_leases
+from controller.state.standbys import settle_standby_leases
 from controller.state.table import StoredPlan
 
 _replace = msgspec.structs.replace

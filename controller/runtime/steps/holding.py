@@ -38,10 +38,12 @@ from controller.state.queueing import usage
 from controller.state.records import AUTO, READY, ReservationRecord, SlotRecord
 from controller.state.spares import (
     choose_spare,
+    copied_rank,
     need_of,
     selectors_for,
     shape,
     spare_bundles,
+    spare_ranks,
 )
 from controller.state.wants import for_spare
 
@@ -107,15 +109,17 @@ class Holder:
     def _unfit(self, res: ReservationRecord, table: dict | None = None) -> set[int]:
         """Indexes of held spares to drop: on a node gone, draining or suspected, inside the
         reservation, of another shape than its nodes now have, or (``table``: Ray's
-        entries of their groups) whose group is not placed."""
-        _, bundles = spare_bundles(res)
-        want, inside = shape(bundles), res.node_ids()
+        entries of their groups) whose group is not placed, or copying a node rank the
+        reservation has no more."""
+        inside, ranks = res.node_ids(), {s.node_rank for s in res.slots}
         away = set(self._nodes.draining) | self._nodes.suspected()
         out = set()
         for i, s in enumerate(res.spares):
             gone = s.node_id not in self._nodes or s.node_id in away or s.node_id in inside
             placed = table is None or (s.group_id in table and table[s.group_id].state == CREATED)
-            if gone or not placed or shape(s.bundles) != want:
+            _, bundles = spare_bundles(res, copied_rank(res, s))
+            stale = s.copies >= 0 and s.copies not in ranks
+            if gone or not placed or stale or shape(s.bundles) != shape(bundles):
                 out.add(i)
         return out
 
@@ -130,8 +134,18 @@ class Holder:
                 return
             table = await self._io.groups(sorted(s.group_id for s in res.spares if s.group_id))
             unfit = self._unfit(res, table)
-            kept = [s for i, s in enumerate(res.spares) if i not in unfit]
-            fresh = await self._take(res, kept, res.spec.spares - len(kept))
+            # Each spare copies a node of one kind (spare_ranks): the fit ones whose kind
+            # is still wanted stay, the kinds missing are taken.
+            wanted = spare_ranks(res, (await self._state.plan(job)).plan)
+            kept, missing = [], list(wanted)
+            for i, s in enumerate(res.spares):
+                rank = copied_rank(res, s)
+                if i in unfit or rank not in missing:
+                    unfit.add(i)
+                    continue
+                missing.remove(rank)
+                kept.append(s)
+            fresh = await self._take(res, kept, missing)
             short = self._short.get(job, "")
             same = not unfit and not fresh and len(kept) <= res.spec.spares
             if same and short == res.spares_short:
@@ -190,16 +204,20 @@ class Holder:
             )
         self._short[res.job] = why
 
-    async def _take(self, res: ReservationRecord, kept: list[SlotRecord], n: int) -> list:
-        """Up to ``n`` new held spares on free nodes, placed and probed; why there are
-        fewer is logged once. Every group made is removed if this fails."""
+    async def _take(self, res: ReservationRecord, kept: list[SlotRecord], ranks: list[int]) -> list:
+        """New held spares on free nodes, placed and probed, one copying each node rank of
+        ``ranks`` as far as free nodes allow; why there are fewer is logged once. Every
+        group made is removed if this fails."""
+        n = len(ranks)
         if n <= 0:
             self._short.pop(res.job, None)
             return []
         key = f"{HOLD}/{res.job}"
         await self._demand.settle(key)  # a node that joined for a spare: free to take now
-        rank, bundles = spare_bundles(res)
-        need = need_of(bundles)
+        shapes = {r: spare_bundles(res, r)[1] for r in ranks}
+        needs = {r: need_of(b) for r, b in shapes.items()}
+        # The quota counts spares of the largest shape asked: never more than it allows.
+        need = {k: max(x.get(k, 0.0) for x in needs.values()) for k in set().union(*needs.values())}
         room = self._quota_room(res, need)
         quota = ""  # why the quota keeps it below its count
         if room is not None and room < n:  # a spare is held against the quota like a slot
@@ -217,14 +235,16 @@ class Holder:
         who = f"{HOLD}/{res.job}"
         free = self._claims.free(await self._io.free_resources(), but=who)
         taken = res.node_ids() | {s.node_id for s in kept}
-        selectors = selectors_for(res, rank)
-        token, fresh = secrets.token_hex(3), []
-        for k in range(n):
-            node = choose_spare(res.nodes[rank], live, free, need, taken, selectors)
+        token, fresh, unmet = secrets.token_hex(3), [], []
+        for k, rank in enumerate(ranks[:n]):
+            node = choose_spare(
+                res.nodes[rank], live, free, needs[rank], taken, selectors_for(res, rank)
+            )
             if node is None:
-                break
+                unmet.append(rank)
+                continue
             taken.add(node.node_id)
-            self._claims.claim(who, node.node_id, need)  # a repair's choice sees it now
+            self._claims.claim(who, node.node_id, needs[rank])  # a repair's choice sees it now
             name = f"{self._prefix}{res.job}:{token}:spare{k}"
             fresh.append(
                 SlotRecord(
@@ -232,19 +252,23 @@ class Holder:
                     node_id=node.node_id,
                     node_ip=node.ip,
                     group_name=name,
-                    bundles=bundles,
+                    bundles=shapes[rank],
+                    copies=rank,
                 )
             )
-        if len(fresh) < n:
-            wants = ", ".join(f"{k} {v:g}" for k, v in sorted(need.items()))
+        if unmet:
+            rank = unmet[0]
+            wants = ", ".join(f"{k} {v:g}" for k, v in sorted(needs[rank].items()))
             why = (
                 f"no other free node of the kind of node rank {rank} with {wants}; it asks "
                 "the autoscaler and takes one when a node joins"
             )
             self._say_short(res, len(kept) + len(fresh), why)
             self._after[res.job] = core.now() + self.settings.repair_retry
-            one = SlotRecord(node_rank=-1, node_id="", node_ip="", group_name="", bundles=bundles)
-            missing = [one] * (n - len(fresh))
+            missing = [
+                SlotRecord(node_rank=-1, node_id="", node_ip="", group_name="", bundles=shapes[r])
+                for r in unmet
+            ]
             view = self._nodes.alive_view(res.spec.accelerator)  # no demand lands on any
             await self._demand.want(
                 key, for_spare(missing, res.nodes[rank], view, res.spec.accelerator)

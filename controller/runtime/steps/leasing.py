@@ -35,7 +35,7 @@ from controller.state.leases import (
 )
 from controller.state.plan import JobPlan
 from controller.state.records import ReservationRecord, SlotRecord
-from controller.state.spares import standby_at
+from controller.state.standbys import standby_at
 
 MAX_WINDOWS = 8
 Hold = tuple[str, set[int]]
@@ -220,7 +220,7 @@ class Leaser:
         """Lease ``count`` ports on the node of ``component``'s ``rank``, or, with
         ``standby`` (a held spare's placement group id and bundle index), for the standby
         of ``component`` there: a repair that makes the spare a slot hands it to the rank
-        then in that bundle (:func:`controller.state.spares.settle_standby_leases`).
+        then in that bundle (:func:`controller.state.standbys.settle_standby_leases`).
 
         Each call returns ports no other lease holds (also under concurrent calls),
         checked free on that node and outside its ephemeral range. The call is idempotent:

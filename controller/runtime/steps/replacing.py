@@ -23,7 +23,7 @@ from controller.runtime.core import groups
 from controller.runtime.core.context import Context
 from controller.runtime.edge import CREATED
 from controller.runtime.steps.leasing import Leaser
-from controller.state import spares
+from controller.state import spares, standbys
 from controller.state.causes import DRAIN, OWN_NODE, RESPONSES
 from controller.state.records import DEGRADED, READY, ReservationRecord
 from controller.state.wants import Want, for_spare
@@ -62,7 +62,8 @@ class Replacer:
         those nodes are replaced too, on other nodes. ``res`` is never changed, and on
         failure every group made for the attempt is removed. New master ports stay held
         in ``holds`` until the caller has written the record. A lost node's slots go to
-        a held spare of their shape first (``cluster.spares``): nothing to place; but
+        a held spare of their shape first (``cluster.spares``), one copying a node like
+        theirs before the others (:func:`spares.spares_like`): nothing to place; but
         the slots of a node whose ranks all run short (``on_loss: continue``) go to a
         free node, leaving the spare to the standbys waiting on it, and take the spare
         only if none fits and they say ``take_spares`` (:func:`spares.spare_use`). A
@@ -108,14 +109,19 @@ class Replacer:
             use = spares.spare_use(res, plan, node_rank)
             need = spares.need_of(bundles)
             held, spare = None, None
-            if use == spares.FIRST:
+            # A spare copying a node like this one runs standbys of its ranks: taken first
+            # (its standbys are promoted), whatever spare_use says of the others.
+            like = spares.spares_like(res, plan, node_rank)
+            if like:
+                held = spares.held_for(res, dead, bundles, usable, taken, sel, keep, like)
+            if held is None and use == spares.FIRST:
                 held = spares.held_for(res, dead, bundles, usable, taken, sel, keep)
             if held is None:
                 spare = spares.choose_spare(
                     res.nodes[node_rank], live.nodes, free, need, taken, sel, keep,
                     self._claims.busy(but=who),
                 )  # fmt: skip
-            if spare is None and use == spares.LAST:  # no free node: the spare after all
+            if held is None and spare is None and use == spares.LAST:  # the spare after all
                 held = spares.held_for(res, dead, bundles, usable, taken, sel, keep)
             if held is not None:
                 taken.add(res.spares[held].node_id)
@@ -170,7 +176,9 @@ class Replacer:
             for k, (target, idxs) in enumerate(parts)
         ]
         took = [  # held spares made slots: placed and probed already
-            msgspec.structs.replace(res.spares[j], node_rank=res.slots[idxs[0]].node_rank)
+            msgspec.structs.replace(
+                res.spares[j], node_rank=res.slots[idxs[0]].node_rank, copies=-1
+            )
             for j, idxs in adopted.items()
         ]
         await self._demand.withdraw(f"spare/{res.job}")  # it must not take the spares
@@ -218,7 +226,7 @@ class Replacer:
                 reason=left,
             )
             plan = (await self._state.plan(res.job)).plan
-            new = spares.settle_standby_leases(new, plan)  # a promoted standby's: its rank's
+            new = standbys.settle_standby_leases(new, plan)  # a promoted standby's: its rank's
             new = await self._leaser.lease_masters(new, plan, holds, masters)
         except BaseException as e:
             if self._incarnation.dead:

@@ -77,9 +77,9 @@ def warm_standbys(res, groups: dict, spec: dict) -> None:
     if not spec.get("spares"):
         return
     deadline = time.monotonic() + 300
-    while not res.refresh().spares:
+    while len(res.refresh().spares) < spec["spares"]:
         if time.monotonic() > deadline:
-            raise RuntimeError("no spare node held within 300 s")
+            raise RuntimeError(f"{spec['spares']} spare node(s) not held within 300 s")
         time.sleep(0.2)
     for group in groups.values():
         group.refill_standbys()
