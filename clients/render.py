@@ -219,7 +219,10 @@ def render_reservation(
             text = "  ".join(f"{name}:{format_ranks(ranks)}" for name, ranks in entry.items())
             out.append(f"    {col:<8} {text}")
     if info.spares_wanted or info.spares:
-        held = ", ".join(f"{s.node_ip} ({s.node_id[:12]}) group {s.group_id}" for s in info.spares)
+        held = ", ".join(
+            f"{s.node_ip} ({s.node_id[:12]}) group {s.group_id}, a copy of node {s.copies}"
+            for s in info.spares
+        )
         out.append(
             f"spares: {len(info.spares)} of {info.spares_wanted} held"
             + (held and f": {held}")

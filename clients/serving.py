@@ -77,11 +77,18 @@ class Serving:
         """The lost ranks whose replacement has started and waits to be admitted."""
         return self._short.ready()
 
-    def admit(self, ranks: Sequence[int] | None = None) -> list[int]:
+    def admit(self, ranks: Sequence[int] | None = None, wait_s: float = 0.0) -> list[int]:
         """Make the ready replacements of ``ranks`` (default: every ready one) ranks of
         the group again; returns those admitted. Call it just before the job's weight
         push: an admitted rank holds no weights of the job yet, and :meth:`serving`
-        leaves it out until it does."""
+        leaves it out until it does.
+
+        ``wait_s``: first wait, that long at most, for the replacements of ``ranks``
+        (default: every lost rank) that are not ready yet. Worth a moment where they are
+        standbys being promoted (``standby: true``): a rank lost just before the push
+        is then back for the next step instead of one step later."""
+        if wait_s > 0:
+            self._short.wait_ready(self.short if ranks is None else sorted(set(ranks)), wait_s)
         wanted = self._short.ready() if ranks is None else sorted(set(ranks))
         return self._short.admit(wanted)
 

@@ -10,7 +10,10 @@ without relaunching them, and this module takes over:
   anew (a held spare, a free node, or one the autoscaler adds, on the placement rules of
   any repair), a replacement starts for each, beside the running ranks and named as a
   move's replacements are (``<rank's name>@<epoch>``), so a restarted driver finds it.
-  A replacement whose start fails, or whose slot moves again, is started anew.
+  A replacement whose start fails, or whose slot moves again, is started anew. Where
+  the component keeps standbys (``standby: true``) and the slot took a held spare of
+  its kind, the standby in the rank's new bundle is the replacement: promoted, not
+  started, and ready as soon as it answers.
 * **Nothing sends a replacement work** until the job admits it
   (``WorkerGroup.admit()``), which a job does at its next weight push: the replacement
   is then a rank and takes the weights with the others (:mod:`clients.weights` refuses
@@ -148,9 +151,13 @@ class Replacements:
             except Exception as e:  # a GCS hiccup, a start refused: said, tried again
                 placed, why = [], f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
             if placed:
+                with self.lock:
+                    since = time.time() - min((self.lost[r] for r in placed if r in self.lost),
+                                              default=time.time())  # fmt: skip
                 self.say(
                     f"{self.label}: replacements of ranks {placed} starting at epoch "
-                    f"{own.epoch}; the job admits them once started (admit())"
+                    f"{own.epoch}, {since:.1f}s after the loss; the job admits them once "
+                    "started (admit())"
                 )
                 continue
             if time.monotonic() - said >= SAY_EVERY_S:
@@ -199,6 +206,17 @@ class Replacements:
             if record:  # admit() records once, after it admits
                 self._record(ready=out)
             return sorted(out)
+
+    def wait_ready(self, ranks: list[int], within: float) -> list[int]:
+        """The lost ranks of ``ranks`` whose replacement is ready, waiting at most
+        ``within`` seconds for every one of them (started or promoted meanwhile by the
+        background start); never longer, whatever is ready by then."""
+        deadline = time.monotonic() + within
+        while True:
+            ready = [r for r in self.ready(record=False) if r in ranks]
+            if set(ready) >= set(ranks) & set(self.lost) or time.monotonic() >= deadline:
+                return ready
+            time.sleep(0.02)
 
     def admit(self, ranks: list[int]) -> list[int]:
         """Make the ready replacements of ``ranks`` the ranks; returns those admitted."""

@@ -17,6 +17,7 @@ from controller.planning.placement import Placement
 from controller.state.assignments import Assignment, build_assignments
 from controller.state.plan import JobPlan
 from controller.state.records import SCHEMA_VERSION, UNTIL_BACK, ReservationRecord, SlotRecord
+from controller.state.spares import copied_rank
 
 
 class Row(msgspec.Struct, frozen=True, array_like=True):
@@ -179,6 +180,7 @@ class SlotInfo(msgspec.Struct, frozen=True, kw_only=True):
     local_to_physical: dict[int, int]  # planned node-local index -> physical id
     bundles: int
     topology: str = ""  # the node's NVLink domain, rack, topology rank ("" when unknown)
+    copies: int = -1  # a held spare: the node rank whose slots (and standbys) it copies
 
 
 class ReservationInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -243,14 +245,15 @@ def summarize(res: ReservationRecord) -> ReservationInfo:
         preempt_at=res.preempt_at,
         leaving={x.node_id: x.remove_at for x in res.leaving if x.remove_at != UNTIL_BACK},
         slots=[_slot(res, s) for s in res.slots],
-        spares=[_slot(res, s) for s in res.spares],
+        spares=[_slot(res, s, copied_rank(res, s)) for s in res.spares],
         spares_wanted=res.spec.spares,
         spares_short=res.spares_short,
     )
 
 
-def _slot(res: ReservationRecord, s: SlotRecord) -> SlotInfo:
+def _slot(res: ReservationRecord, s: SlotRecord, copies: int = -1) -> SlotInfo:
     return SlotInfo(
+        copies=copies,
         node_rank=s.node_rank,
         node_id=s.node_id,
         node_ip=s.node_ip,

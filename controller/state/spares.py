@@ -286,7 +286,9 @@ def spare_use(res: ReservationRecord, plan: JobPlan | None, node_rank: int) -> s
     (``on_loss: continue``): those ranks lose only throughput while they wait, where
     taking the spare would cost the standbys' ranks their standbys at their next loss.
     Then ``NEVER``: a free node or one that joins; or ``LAST`` where one of them says
-    ``take_spares: true``: a free node if one fits, else the spare."""
+    ``take_spares: true``: a free node if one fits, else the spare. (A spare copying a
+    node of the same kind, :func:`spares_like`, runs that node's own standbys: a repair
+    takes it before asking this.)"""
     if plan is None or not any(c.standby for c in res.spec.components):
         return FIRST
     on = {

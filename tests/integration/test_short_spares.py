@@ -3,8 +3,11 @@ cluster with no free node: a rollout node lost abruptly is placed on the spare t
 trainers' standbys wait on, at once, rather than waiting for a node to join. The
 trainers' standbys there end at their group's next ``refill_standbys()``, the rollout
 replacements start in their bundles and serve once admitted; a node that joins is held
-as the new spare and the trainers' standbys start there. Where each process runs is read
-from Ray's runtime context in it, and which processes are dead from Ray's actor table."""
+as the new spare and the trainers' standbys start there. And with a spare of each kind
+(``spares: 2``) and rollout standbys beside ``on_loss: continue``, the rollout's lost ranks
+are replaced by its standbys, promoted. Where each process runs is read from Ray's
+runtime context in it, which processes are dead from Ray's actor table, and which are
+the same from their process ids."""
 
 from __future__ import annotations
 
@@ -112,3 +115,63 @@ def test_a_lost_rollout_node_takes_the_spare_when_no_node_is_free(cluster):
         assert joined not in {spare, lost_node, *trainers}
     finally:
         ctl.release(JOB)
+
+
+KINDS = {
+    "num_nodes": 3,  # head + the trainers' node + the rollout's node; two spares beside
+    "spares": 2,
+    "component_placement": {
+        "actor": {"placement": "0-3", "standby": True},
+        "rollout": {"placement": "4-7", "on_loss": "continue", "standby": True},
+    },
+}
+
+
+def pid_of(actor) -> int:
+    """The process id of ``actor``, asked of the process (a standby has no rank to say)."""
+    return ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=30)
+
+
+def test_rollout_that_runs_short_is_replaced_by_its_standbys_on_a_spare_of_its_kind(cluster):
+    """Two spares, one per kind of node: the rollout node lost abruptly takes the spare
+    that runs rollout standbys; ``repair()`` returns at once with the lost ranks, and the
+    replacements the job admits at its next push are those standby processes (the same
+    pids, Ray's runtime context in them on that spare, each its lost rank's RANK), no
+    process started; the trainers' standbys on the other spare are untouched."""
+    alive = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]
+    for _ in range(4 - len(alive)):  # the trainers', the rollout's and a spare of each
+        cluster.add_node(num_cpus=GPUS_PER_NODE, num_gpus=GPUS_PER_NODE)
+    ctl = clients.connect()
+    job = f"{JOB}-kinds"
+    try:
+        res = ctl.reserve(job, KINDS, timeout_s=120)
+        actor = clients.WorkerGroup.launch(res, "actor", Trainer, detached=True)
+        rollout = clients.WorkerGroup.launch(res, "rollout", Engine, detached=True)
+        wait_for(lambda: len(res.refresh().spares) == 2, timeout=90)
+        trainer_spare, trainer_standbys = standbys_on_one_node(actor)
+
+        def rollout_standbys():
+            rollout.refill_standbys()
+            return len(rollout.standbys) == GPUS_PER_NODE and rollout.standbys
+
+        standing = {pid_of(a) for a in wait_for(rollout_standbys, timeout=90)}
+        rollout.push("load", 1, version=1)
+        (lost_node,) = {ray.get(a.seen.remote())["node"] for a in rollout.live.values()}
+
+        remove(cluster, lost_node)  # abruptly: every process of the node killed
+        assert rollout.repair(timeout=120, hung_after=5) == [0, 1, 2, 3]
+        wait_for(lambda: rollout.replacements_ready() == [0, 1, 2, 3], timeout=120)
+        assert rollout.admit() == [0, 1, 2, 3]
+        rollout.push("load", 2, version=2)
+        serving = rollout.serving(2)
+        assert sorted(serving) == [0, 1, 2, 3]
+        seen = {r: ray.get(a.seen.remote()) for r, a in serving.items()}
+        assert {s["pid"] for s in seen.values()} == standing  # the standbys, promoted
+        assert [seen[r]["rank"] for r in range(4)] == ["0", "1", "2", "3"]
+        (node,) = {s["node"] for s in seen.values()}
+        assert node not in (lost_node, trainer_spare)
+        # The trainers' spare still runs their standbys, the same processes.
+        assert not any(dead(s) for s in trainer_standbys)
+        assert standbys_on_one_node(actor)[0] == trainer_spare
+    finally:
+        ctl.release(job)

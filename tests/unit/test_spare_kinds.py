@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.fakes import assignments, cluster, controller, run, stored, until
+from clients.render import render_reservation
+from tests.unit.fakes import assignments, cluster, controller, info, run, stored, until
 from tests.unit.test_held_spares import held
 
 KINDS = {
@@ -49,6 +50,9 @@ def test_two_spares_copy_a_trainer_node_and_a_rollout_node_and_run_their_standby
         assert {a.placement_group_id for a in actor} == {by_rank[1].group_id}
         assert {a.placement_group_id for a in rollout} == {by_rank[2].group_id}
         assert len(actor) == len(rollout) == 4
+        shown = render_reservation(info(await ctl.status("j")), {})
+        for s in by_rank.values():  # status names the node each spare copies
+            assert f"group {s.group_id}, a copy of node {s.copies}" in shown
         await ctl.stop()
 
     run(go())

@@ -93,10 +93,11 @@ def publish(groups: dict, version: int, lost: Callable[[], None] | None = None) 
     (``WorkerGroup.push``, :mod:`clients.weights`); a rank generates only for the
     version it holds (a promoted standby or an admitted replacement included, whose
     first weights these are). A rank found gone meanwhile when rollout may run short is
-    left to ``lost()`` (default: the group's ``repair()``), and the push goes on. Returns
-    the ranks admitted."""
+    left to ``lost()`` (default: the group's ``repair()``), and the push goes on; where
+    rollout keeps standbys, to the ranks found lost here their promoted standbys, once
+    they answer (:data:`STANDBY_ADMIT_WAIT_S` at most). Returns the ranks admitted."""
     rollout = groups["rollout"]
-    short = rollout.reservation.spec.component(rollout.component).runs_short
+    comp = rollout.reservation.spec.component(rollout.component)
     admitted = rollout.admit() if rollout.short else []
     weights = groups["actor"].actors[0].weights.remote()
     for attempt in range(3):
@@ -104,10 +105,18 @@ def publish(groups: dict, version: int, lost: Callable[[], None] | None = None) 
             rollout.push("load", weights, version, version=version)
             return admitted
         except GONE:  # a rank lost since the last step: found lost, the rest take them
-            if not short or attempt == 2:
+            if not comp.runs_short or attempt == 2:
                 raise
             (lost or (lambda: rollout.repair(timeout=300)))()
+            if comp.standby:  # its standbys, promoted in a moment: back for the next step
+                admitted += rollout.admit(wait_s=STANDBY_ADMIT_WAIT_S)
     return admitted
+
+
+# How long a push that finds rollout ranks lost waits for their standbys' promotion
+# (standby: true beside on_loss: continue; tens of milliseconds once the controller has
+# placed the lost slots on the spare), rather than running the next step short.
+STANDBY_ADMIT_WAIT_S = 2.0
 
 
 # A rollout rank's call that fails as one whose worker is gone (its node lost, its
