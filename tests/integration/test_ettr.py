@@ -15,14 +15,14 @@ import pytest
 
 from tests.training import ROOT, quiet
 
-# The quick schedule's degraded ETTR as measured (docs/evidence/benchmarks.md: 0.469 on
-# this project's 2 cores, where relaunching got 0.26 and starting over 0.08; its 10 steps
-# of 1 s make every second of a recovery count): bound below it with room for CI's
-# loaded cores. A trainer node's loss runs its update again (a promotion and a rejoin,
-# waiting here for standbys still loading on the new spare); a rollout node's costs the
-# steps it runs short and nothing else: its next step came 1.7 s after it (relaunching:
-# 12.8 s).
-DEGRADED_ETTR_AT_LEAST = 0.35
+# The quick schedule's degraded ETTR as measured (docs/evidence/benchmarks.md: 0.704 on
+# this project's 2 cores with a spare of each kind, 0.469 when rollout's replacements
+# had to load, where relaunching got 0.26 and starting over 0.08; its 10 steps of 1 s
+# make every second of a recovery count): bound below it with room for CI's loaded
+# cores, above what loading replacements gets. A trainer node's loss runs its update
+# again (a promotion and a rejoin); a rollout node's costs the step it struck, its
+# standbys admitted at that step's push: its next step came 1.3 s after it.
+DEGRADED_ETTR_AT_LEAST = 0.55
 # A figure the docs state, measured alone as they measured it.
 pytestmark = pytest.mark.alone
 NEXT_STEP_AFTER_ROLLOUT_LOSS_S = 6.0
