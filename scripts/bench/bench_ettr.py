@@ -18,12 +18,12 @@ trainer and rollout nodes in turn, the steps (and which comes first) drawn from 
   spares restart a driver's start).
 * ``relaunch``: placectl's ``repair()`` relaunches the lost ranks where the reservation
   puts them; the others keep running and rejoin.
-* ``standby``: a held spare node with standby trainers and rollout workers, promoted in
-  place of the lost ranks.
+* ``standby``: two held spare nodes, one copying a trainer node (standby trainers) and
+  one a rollout node (standby rollout workers), promoted in place of the lost ranks.
 * ``degraded``: rollout runs short when it loses ranks (``on_loss: continue``): the
-  others take the lost ranks' prompts and the step goes on; the replacements start in the
-  background and are admitted at a weight push. Trainers have standbys (a held spare):
-  the better mix, since a trainer rank lost stops every step.
+  others take the lost ranks' prompts and the step goes on; its standbys on the rollout
+  spare are the replacements, promoted in the background and admitted at the weight
+  push. Trainers have standbys on the other spare: a trainer rank lost stops every step.
 
 In every mode a step's rollout outlives a failed attempt the driver survives: a trainer
 node lost after the rollout costs its update again (``redone``), not its rollout (the
