@@ -58,12 +58,17 @@ class RayTable:
         from ray._raylet import NodeID
 
         wanted = [NodeID.from_hex(n) for n in node_ids]
-        alive = gcs_retry(
-            lambda t: self._gcs().check_alive(wanted, t),
-            "asking which nodes are alive",
-            self._say,
-            gcs_unavailable,
-        )
+        try:
+            alive = gcs_retry(
+                lambda t: self._gcs().check_alive(wanted, t),
+                "asking which nodes are alive",
+                self._say,
+                gcs_unavailable,
+            )
+        except TypeError:  # a Ray whose check_alive takes addresses (2.48)
+            from controller.surface import alive_by_table
+
+            alive = alive_by_table(node_ids)
         return {n for n, up in zip(node_ids, alive, strict=True) if not up}
 
 

@@ -25,11 +25,10 @@ SWEEP_TIMEOUT_S = 15.0
 
 def draining_nodes() -> set[str]:
     """The nodes Ray is draining now (empty when the GCS cannot say)."""
-    import ray
+    from controller.surface import draining_nodes as read
 
     try:
-        gcs = ray._private.worker.global_worker.gcs_client  # as `ray drain-node` does
-        return set(gcs.get_draining_nodes(timeout=10))
+        return set(read(timeout=10))
     except Exception:
         return set()
 

@@ -5,25 +5,18 @@ from __future__ import annotations
 import sys
 
 from controller import PlacementError, version
+from controller.ray_versions import FLOOR, too_old
 
-# Ray before 2.60 kills, at its first task, a process whose visible devices are set from
-# its runtime environment and are fewer than the node's (an IndexError in Ray's
-# get_accelerator_ids): every placectl process that holds several accelerators.
-# scripts/tools/check_ray.py shows it.
-MIN_RAY = (2, 60)
+# The lowest Ray placectl runs on (what each release can do: controller.ray_versions).
+MIN_RAY = FLOOR
 
 
 def check_ray_version(ray_version: str) -> None:
-    """Raise PlacementError if ``ray_version`` is older than placectl needs."""
-    try:
-        found = tuple(int(p) for p in ray_version.split(".")[:2])
-    except ValueError:
-        return  # a development build: nothing to compare
-    if found < MIN_RAY:
-        raise PlacementError(
-            f"placectl needs Ray >= {MIN_RAY[0]}.{MIN_RAY[1]}, this is Ray {ray_version}: "
-            'pip install "ray[default]>=2.60"'
-        )
+    """Raise PlacementError if ``ray_version`` is older than placectl runs on; the
+    message names the floor and the install command."""
+    why = too_old(ray_version)
+    if why is not None:
+        raise PlacementError(why)
 
 
 def warn_if_versions_differ(theirs: str) -> None:

@@ -14,7 +14,8 @@ free to move everything else.
 * tasks that find and end what a worker left on its node: :data:`TAG`, :func:`new_tag`,
   :func:`end_tagged`, :class:`Ended`;
 * the GCS, read with the controller's retry on a GCS that does not answer:
-  :func:`gcs_retry`, :func:`gcs_unavailable`, :func:`gcs_bound_s`;
+  :func:`gcs_retry`, :func:`gcs_unavailable`, :func:`gcs_bound_s`, and what every Ray
+  release answers the same way: :func:`draining_nodes`, :func:`alive_by_table`;
 * the alive nodes, in node-rank order, as the controller sees them: :func:`node_view`.
 
 Each name loads its module on first use (as ``import controller`` does): a worker that
@@ -42,6 +43,8 @@ _EXPORTS = {
     "gcs_retry": ("controller.runtime.edge.ray_gcs", "retry"),
     "gcs_unavailable": ("controller.runtime.edge.ray_gcs", "gcs_unavailable"),
     "gcs_bound_s": ("controller.runtime.edge.ray_gcs", "bound_s"),
+    "draining_nodes": ("controller.runtime.edge.ray_gcs", "draining_nodes"),
+    "alive_by_table": ("controller.runtime.edge.ray_gcs", "alive_by_table"),
 }
 
 

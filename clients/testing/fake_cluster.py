@@ -87,6 +87,7 @@ class FakeCluster(FakeNetwork, FakeStore):
         # caller stops waiting, as Ray's does
         self.probe_delay = 0.0  # seconds a probe task takes
         self.store = "redis"  # where the GCS keeps its tables (gcs_store)
+        self.release = "2.60.0"  # the Ray release it claims to run (ray_version)
         self.ray_detection = 62.0  # Ray's detection of a silent node (its defaults)
         self.fenced: dict[str, str] = {}  # node -> the reason placectl gave Ray
         self.fence_refusal: Exception | None = None  # raised by every fence while set
@@ -378,3 +379,6 @@ class FakeCluster(FakeNetwork, FakeStore):
 
     def gcs_store(self) -> str:
         return self.store
+
+    def ray_version(self) -> str:
+        return self.release

@@ -10,7 +10,8 @@ from controller.errors import PlacementError
 from controller.planning.colocation import floor_share
 from controller.planning.node_groups import ACCELERATOR, HARDWARE
 from controller.planning.placement import Placement
-from controller.state import scheduling
+from controller.ray_versions import NARROW_DEVICES, has, installed
+from controller.state import process_start, scheduling
 from controller.state.environment import (
     check_user_env,
     group_env,
@@ -62,11 +63,17 @@ class Assignment(msgspec.Struct, kw_only=True, frozen=True):
     pci_bus_ids: list[str] = []
     ray_sets_devices: bool = False
 
-    def runtime_env_vars(self) -> dict[str, str]:
-        """The variables to hand Ray: ``env`` without what Ray sets itself."""
+    def runtime_env_vars(self, ray_version: str | None = None) -> dict[str, str]:
+        """The variables to hand Ray: ``env`` without what Ray sets itself. On a Ray
+        (``ray_version``, default the installed one) before 2.60, visible devices that
+        placectl sets travel under another name and are set as the process starts
+        (:mod:`controller.state.process_start`)."""
         env = dict(self.env)
+        variable = visible_devices_variable(self.accelerator)
         if self.ray_sets_devices:
-            env.pop(visible_devices_variable(self.accelerator), None)
+            env.pop(variable, None)
+        elif env.get(variable) and not _ray_has_narrow_devices(ray_version):
+            env.update(process_start.carried(variable, env.pop(variable)))
         return env
 
     def _strategy(self, bundle_index: int, capture: bool) -> Any:
@@ -77,13 +84,14 @@ class Assignment(msgspec.Struct, kw_only=True, frozen=True):
             return {"num_gpus": share}
         return {"num_gpus": 0, "resources": {self.accelerator: share}} if share else {}
 
-    def actor_options(self) -> dict[str, Any]:
-        """Keyword arguments for ``Actor.options(**...)`` that start the process here."""
+    def actor_options(self, ray_version: str | None = None) -> dict[str, Any]:
+        """Keyword arguments for ``Actor.options(**...)`` that start the process here
+        (on Ray ``ray_version``, default the installed one)."""
         options: dict[str, Any] = {
             "num_gpus": self.num_gpus,
             "num_cpus": self.num_cpus,
             "scheduling_strategy": self._strategy(self.bundle_index, self.capture_child_tasks),
-            "runtime_env": {"env_vars": self.runtime_env_vars()},
+            "runtime_env": {"env_vars": self.runtime_env_vars(ray_version)},
         }
         if self.python:
             options["runtime_env"]["py_executable"] = self.python
@@ -91,12 +99,16 @@ class Assignment(msgspec.Struct, kw_only=True, frozen=True):
             options["resources"] = dict(self.resources)
         return options
 
-    def child_options(self, i: int, num_cpus: float = 0.0) -> dict[str, Any]:
+    def child_options(
+        self, i: int, num_cpus: float = 0.0, ray_version: str | None = None
+    ) -> dict[str, Any]:
         """Options that start this engine's ``i``-th child on its ``i``-th accelerator.
 
         The child requests ``child_share`` of that accelerator in its bundle (so it
         never lands on another process's accelerator and never waits for room), sees
-        exactly that device, and stays in the reservation.
+        exactly that device, and stays in the reservation. Ray sets the child's device
+        from that request; on Ray 2.60 and later the variable names it too (before 2.60
+        Ray would map its slot through that one-device list and fail).
 
         Raises:
             PlacementError: the process is not an engine, or ``i`` is out of range.
@@ -113,12 +125,13 @@ class Assignment(msgspec.Struct, kw_only=True, frozen=True):
             )
         device = self.placement.cuda_visible_devices[i]
         env = {
-            visible_devices_variable(self.accelerator): str(device),
             noset_variable(self.accelerator): "",
             "LOCAL_RANK": "0",
             "LOCAL_WORLD_SIZE": "1",
             "PLACECTL_CHILD_INDEX": str(i),
         }
+        if _ray_has_narrow_devices(ray_version):
+            env[visible_devices_variable(self.accelerator)] = str(device)
         options = {
             **self._request(self.child_share),
             "num_cpus": num_cpus,
@@ -126,6 +139,10 @@ class Assignment(msgspec.Struct, kw_only=True, frozen=True):
             "runtime_env": {"env_vars": env},
         }
         return options
+
+
+def _ray_has_narrow_devices(ray_version: str | None) -> bool:
+    return has(NARROW_DEVICES, installed() if ray_version is None else ray_version)
 
 
 def _bundle_key(p: Placement) -> tuple[int, str, str, int]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from controller.errors import PlacementError
 from controller.planning.placement import Placement
 from controller.planning.spec import ClusterSpec
+from controller.state import process_start
 
 # Ray resource name -> the variable that selects devices, as Ray's accelerator managers use.
 VISIBLE_DEVICES = {
@@ -80,6 +81,8 @@ PROTECTED = frozenset(
         "VLLM_RAY_PER_WORKER_GPUS",
         *VISIBLE_DEVICES.values(),
         *(f"RAY_EXPERIMENTAL_NOSET_{v}" for v in VISIBLE_DEVICES.values()),
+        # where placectl carries them on Ray before 2.60 (controller.state.process_start)
+        *(f"{process_start.PREFIX}{v}" for v in VISIBLE_DEVICES.values()),
     }
 )
 

@@ -160,7 +160,7 @@ def test_engines_list_their_bundles_and_the_share_of_their_children():
     assert "VLLM_RAY_BUNDLE_INDICES" not in e.env
     # Its second child: the rest of its second GPU, in that GPU's bundle, inside the group.
     e = msgspec.structs.replace(e, placement_group_id="ab" * 18)  # a group id as Ray's
-    child = e.child_options(1)
+    child = e.child_options(1, ray_version="2.60.0")
     assert (
         child["num_gpus"] == 0.5 and child["runtime_env"]["env_vars"]["CUDA_VISIBLE_DEVICES"] == "7"
     )

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import secrets
 
+from controller.ray_versions import DEMAND_SELECTORS, has, refusal
 from controller.runtime import core
 from controller.runtime.core.nodes import ClusterNodes
 from controller.runtime.edge import CREATED, ClusterIO
@@ -60,8 +61,14 @@ class Demand:
         self._wants: dict[str, Want] = {}
         self._held: dict[str, list[str]] = {}  # key -> group ids stating its want
         self._placed_at: dict[str, float] = {}  # key -> when a demand of it was placed
+        self._refused: set[str] = set()  # keys told that this Ray cannot state demand
         self.asked = 0  # groups created, ever (metrics, tests)
         self.met = 0  # groups placed on a node that joined for them
+
+    def refused(self) -> str | None:
+        """Why this cluster's Ray cannot be shown demand, or None if it can."""
+        release = self._io.ray_version()
+        return None if has(DEMAND_SELECTORS, release) else refusal(DEMAND_SELECTORS, release)
 
     def wants(self) -> dict[str, Want]:
         """Every want held now, by key."""
@@ -76,6 +83,14 @@ class Demand:
         nothing; another replaces the groups."""
         if want is None or not want.groups:
             await self.withdraw(key)
+            return
+        refused = self.refused()
+        if refused is not None:
+            # Ray would place the groups on live nodes (it ignores their selectors) and
+            # hold their room: the owner waits for nodes without asking for them.
+            if key not in self._refused:
+                self._refused.add(key)
+                log.warning("not asking the autoscaler for %s: %s", key, refused)
             return
         held = self._wants.get(key)
         if held is not None and self._held.get(key) and _same_but_avoid(held, want):

@@ -28,6 +28,13 @@ PROGRESS_LOG_PERIOD_S = 5.0
 Say = Callable[[str], None]
 
 
+def _why_no_nodes(demand: Demand | None) -> str:
+    if demand is None:
+        return ""
+    refused = demand.refused()
+    return f"; {refused}" if refused else "; no autoscaler added the nodes asked for"
+
+
 async def wait_for_nodes(
     io: ClusterIO,
     nodes: ClusterNodes,
@@ -62,6 +69,8 @@ async def wait_for_nodes(
                 asked = demand.held(key)
                 if asked is not None:
                     message += f"; asked the autoscaler for {asked.describe()}"
+                elif demand.refused():
+                    message += f"; not asking the autoscaler: {demand.refused()}"
             say(message)
             if core.now() - last_log > PROGRESS_LOG_PERIOD_S:
                 log.info("%s: %s", job, message)
@@ -70,7 +79,7 @@ async def wait_for_nodes(
                 raise ReservationTimeout(
                     f"reservation {job!r} timed out: the cluster has {view.num_nodes} alive "
                     f"nodes, the configuration needs num_nodes={spec.num_nodes}"
-                    + ("; no autoscaler added the nodes asked for" if demand else "")
+                    + _why_no_nodes(demand)
                 )
             await asyncio.sleep(0.5)
     finally:

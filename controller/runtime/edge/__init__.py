@@ -200,6 +200,10 @@ class ClusterIO(Protocol):
         or ``polling``."""
         ...
 
+    def ray_version(self) -> str:
+        """The Ray release the cluster runs (what it can do: :mod:`controller.ray_versions`)."""
+        ...
+
     def gcs_store(self) -> str:
         """Where the GCS keeps its tables: ``redis`` or ``rocksdb`` (they survive a head
         restart), or ``memory`` (a lost head loses every reservation)."""

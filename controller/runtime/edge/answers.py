@@ -89,7 +89,10 @@ def open_channel(address: str):
     token = os.environ.get(TEST_CALL_TOKEN) if test_hooks() else None
     if token:
         return _with_token(address, token)
-    from ray._private.grpc_utils import init_grpc_channel
+    try:
+        from ray._private.grpc_utils import init_grpc_channel
+    except ImportError:  # before Ray 2.52 (no token authentication): TLS alone, from here
+        from ray._private.utils import init_grpc_channel
 
     return init_grpc_channel(address, options=_OPTIONS)
 
@@ -117,7 +120,11 @@ _Details = collections.namedtuple("_Details", _FIELDS)
 def _with_token(address: str, token: str):
     """The test hook's channel: secured as Ray's, but carrying ``token``."""
     import grpc
-    from ray._common.tls_utils import load_certs_from_env
+
+    try:
+        from ray._common.tls_utils import load_certs_from_env
+    except ImportError:  # before Ray 2.55
+        from ray._private.tls_utils import load_certs_from_env
 
     class _Bearer(grpc.UnaryUnaryClientInterceptor):
         def intercept_unary_unary(self, continuation, details, request):

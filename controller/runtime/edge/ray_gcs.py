@@ -50,6 +50,24 @@ def gcs_unavailable(e: BaseException) -> bool:
     return isinstance(e, ray.exceptions.RpcError)
 
 
+def draining_nodes(timeout: float) -> dict[str, int]:
+    """The nodes Ray is draining (hex id -> deadline in ms since the epoch, 0 for none),
+    a blocking read. Ray 2.60 asks the GCS with a timeout; before it, the only reader is
+    the driver's global state accessor (the same dict, and no timeout of its own)."""
+    gcs = ray._private.worker.global_worker.gcs_client  # as `ray drain-node` does
+    if hasattr(gcs, "get_draining_nodes") or not hasattr(ray._private.state, "state"):
+        return dict(gcs.get_draining_nodes(timeout=timeout))
+    return dict(ray._private.state.state.get_draining_nodes())
+
+
+def alive_by_table(node_ids: list[str]) -> list[bool]:
+    """Whether each of ``node_ids`` is alive in Ray's node table (a blocking read of the
+    whole table). For Ray releases whose GCS ``check_alive`` takes raylet addresses
+    instead of node ids (2.48 does; it raises TypeError given ids)."""
+    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    return [n in alive for n in node_ids]
+
+
 # The GCS's own reason for a node lost without notice (ray.rpc.NodeDeathInfo.Reason).
 _UNEXPECTED_TERMINATION = 2
 

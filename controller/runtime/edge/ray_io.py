@@ -15,6 +15,7 @@ import ray
 from ray._raylet import NodeID
 from ray.util.placement_group import placement_group, placement_group_table
 
+from controller.ray_versions import PIN_BY_LABEL, has, installed
 from controller.runtime import edge
 from controller.runtime.edge import answers, node_tasks, ray_gcs
 from controller.runtime.edge.metrics import RayMetrics
@@ -83,6 +84,7 @@ class RayClusterIO:
         self.metrics = RayMetrics()
         self._node_events = NodeEvents(self.nodes)
         self._witnesses: dict[str, ray.actor.ActorHandle] = {}  # node -> kept witness
+        self._soft_pins: dict[str, str] = {}  # group -> its node, where Ray only hints
 
     # ------------------------------------------------------------ key-value store
     @staticmethod
@@ -148,16 +150,22 @@ class RayClusterIO:
             return set()
         ids = sorted(set(node_ids))
         wanted = [NodeID.from_hex(n) for n in ids]
-        alive = await self._gcs_call(
-            "asking which nodes are alive",
-            lambda t: self._gcs().async_check_alive(wanted, t),
-        )
+        try:
+            alive = await self._gcs_call(
+                "asking which nodes are alive",
+                lambda t: self._gcs().async_check_alive(wanted, t),
+            )
+        except TypeError:  # a Ray whose check_alive takes addresses (2.48)
+            alive = await self._gcs_call(
+                "asking which nodes are alive",
+                lambda t: asyncio.to_thread(ray_gcs.alive_by_table, ids),
+            )
         return {n for n, up in zip(ids, alive, strict=True) if not up}
 
     async def draining_nodes(self) -> dict[str, float]:
         draining = await self._gcs_call(
             "reading the draining nodes",
-            lambda t: asyncio.to_thread(self._gcs().get_draining_nodes, timeout=t),
+            lambda t: asyncio.to_thread(ray_gcs.draining_nodes, t),
         )
         return {n: ms / 1000.0 for n, ms in draining.items()}  # Ray: 0 for no deadline
 
@@ -203,17 +211,16 @@ class RayClusterIO:
 
     # ------------------------------------------------------------ placement groups
     async def create_group(self, name: str, bundles: list[dict[str, float]], node_id: str) -> str:
+        pin = _pin(node_id, len(bundles))
+
         def make() -> str:
-            pg = placement_group(
-                bundles,
-                strategy="PACK",
-                name=name,
-                lifetime="detached",
-                bundle_label_selector=[{"ray.io/node-id": node_id}] * len(bundles),
-            )
+            pg = placement_group(bundles, name=name, lifetime="detached", **pin)
             return pg.id.hex()
 
-        return await asyncio.to_thread(make)
+        gid = await asyncio.to_thread(make)
+        if "_soft_target_node_id" in pin:
+            self._soft_pins[gid] = node_id
+        return gid
 
     async def create_demand(self, name: str, group: DemandGroup) -> str:
         def make() -> str:
@@ -230,9 +237,27 @@ class RayClusterIO:
     async def wait_group(self, group_id: str, timeout: float) -> bool:
         try:
             await asyncio.wait_for(_result(group_handle(group_id).ready()), timeout)
-            return True
         except asyncio.TimeoutError:
             return False
+        target = self._soft_pins.pop(group_id, None)
+        if target is None:
+            return True
+        placed = (await self.groups([group_id])).get(group_id)
+        if placed is not None and set(placed.nodes) == {target}:
+            return True
+        # A hint Ray did not follow (the node had no room a moment ago): a group on
+        # another node is no pin; the slot stays unplaced and the reserve says so.
+        where = ", ".join(sorted({n[:12] for n in placed.nodes})) if placed else "nowhere"
+        log.warning(
+            "Ray %s placed group %s on %s, not on its node %s: removed (%s)",
+            installed(),
+            group_id[:12],
+            where,
+            target[:12],
+            "Ray 2.49 pins it",
+        )
+        await self.remove_group(group_id)
+        return False
 
     async def remove_group(self, group_id: str) -> None:
         await asyncio.to_thread(ray.util.remove_placement_group, group_handle(group_id))
@@ -289,6 +314,9 @@ class RayClusterIO:
     def gcs_store(self) -> str:
         return gcs_store(os.environ)
 
+    def ray_version(self) -> str:
+        return installed()
+
 
 def _log_wait(message: str) -> None:
     log.warning("%s", message)
@@ -304,6 +332,15 @@ async def _result(ref: ray.ObjectRef):
     """Await an ObjectRef so that cancelling the waiter never cancels Ray's own future
     (Ray then fails an internal assertion as it sets the result)."""
     return await asyncio.shield(asyncio.wrap_future(ref.future()))
+
+
+def _pin(node_id: str, n: int) -> dict:
+    """How a group of ``n`` bundles is pinned to ``node_id`` on the installed Ray."""
+    if has(PIN_BY_LABEL, installed()):
+        return {"strategy": "PACK", "bundle_label_selector": [{"ray.io/node-id": node_id}] * n}
+    # Ray 2.48 places a group's bundles without reading their label selectors (Ray issue
+    # 55590); its one way to aim a group at a node is a soft hint, which wait_group checks.
+    return {"strategy": "STRICT_PACK", "_soft_target_node_id": node_id}
 
 
 def _on(node_id: str):
