@@ -22,6 +22,7 @@ import msgspec
 from clients.testing.fake_network import FakeNetwork
 from clients.testing.fake_placement import FakeFault, FakeGroup, FakeNode, place, usable
 from clients.testing.fake_store import FakeStore
+from controller.ray_versions import PIN_BY_LABEL, has
 from controller.runtime.edge import (
     CREATED,
     HEAD_RESOURCE,
@@ -143,14 +144,18 @@ class FakeCluster(FakeNetwork, FakeStore):
         return node_id
 
     def kill_node(self, node_id: str) -> None:
-        """The node dies: its groups go to RESCHEDULING (pinned, they cannot move)."""
+        """The node dies: its groups go to RESCHEDULING (pinned, they cannot move; on a Ray
+        that only hints where a group goes, 2.48, Ray places them again elsewhere)."""
         node = self.nodes_by_id[node_id]
         node.info = msgspec.structs.replace(node.info, alive=False)
         for gid in self._on_node[node_id]:
             g = self.groups_by_id[gid]
             if g.state == CREATED:
-                g.state = RESCHEDULING
+                g.state = PENDING if g.soft else RESCHEDULING
                 g.ready.clear()
+                if g.soft:
+                    self._pending.add(gid)
+        self._schedule()
         self._event(NodeEvent(node_id, False))
 
     def crash_node(self, node_id: str, how: str = "refused") -> None:
@@ -242,6 +247,7 @@ class FakeCluster(FakeNetwork, FakeStore):
                 await asyncio.sleep(self.latency.group_place)
             gid = f"{next(self._ids):036x}"
             self.groups_by_id[gid] = FakeGroup(gid, name, [dict(b) for b in bundles], node_id)
+            self.groups_by_id[gid].soft = not has(PIN_BY_LABEL, self.release)
             self._on_node[node_id].add(gid)
             self._pending.add(gid)
             self._schedule()

@@ -53,6 +53,9 @@ class FakeGroup:
         self.state = PENDING
         self.devices: list[int | None] = [None] * len(bundles)
         self.on: list[str] = [node_id] * len(bundles)  # each bundle's node once placed
+        # Aimed at its node by a hint, not pinned (Ray 2.48): placed elsewhere if its node
+        # has no room, and moved by Ray to another node when its node dies.
+        self.soft = False
         self.ready = asyncio.Event()
 
 
@@ -72,7 +75,7 @@ def usable(node: FakeNode, g: FakeGroup, draining) -> bool:
         return False
     d = g.demand
     if d is None:
-        return node.info.node_id == g.node_id
+        return g.soft or node.info.node_id == g.node_id
     labels = node.info.labels
     return node.info.node_id not in d.avoid and all(labels.get(k) == v for k, v in d.labels.items())
 
@@ -83,6 +86,7 @@ def place(g: FakeGroup, nodes: list[FakeNode]) -> list[str] | None:
     bundle per node (STRICT_SPREAD) or on as few nodes as it fits (PACK)."""
     strategy = "STRICT_PACK" if g.demand is None else g.demand.strategy
     whole = [n for n in nodes if fits(n.free, g.bundles)]
+    whole.sort(key=lambda n: n.info.node_id != g.node_id)  # a hinted group: its node first
     if strategy == "STRICT_PACK" or (strategy == "PACK" and whole):
         return [whole[0].info.node_id] * len(g.bundles) if whole else None
     free = {n.info.node_id: dict(n.free) for n in nodes}

@@ -18,7 +18,16 @@ from controller.ray_versions import (
 )
 from controller.state import process_start
 from controller.state.assignments import build_assignments
-from tests.unit.fakes import cluster, controller, live_groups, run, spec
+from tests.unit.fakes import (
+    cluster,
+    controller,
+    live_groups,
+    run,
+    spec,
+    stored,
+    table_groups,
+    until,
+)
 from tests.unit.test_records import make
 
 
@@ -85,6 +94,26 @@ def test_on_ray_2_48_a_reserve_waiting_for_nodes_asks_no_autoscaler_and_says_why
             "; asking the autoscaler for nodes (label selectors on bundles) needs Ray >= 2.49"
             in (str(e.value))
         )
+        await ctl.stop()
+
+    run(go())
+
+
+def test_on_ray_2_48_a_lost_nodes_group_that_ray_moved_to_the_spare_makes_room_for_the_repair():
+    async def go():
+        fake = cluster(gpu_nodes=3)  # two nodes reserved, one spare
+        fake.release = "2.48.0"
+        ctl = await controller(fake)
+        await ctl.reserve("j", spec("0-7"), 5)
+        old = stored(fake, "j")
+        gpu_nodes = {n for n in fake.alive() if fake.nodes_by_id[n].info.resources.get("GPU")}
+        lost, spare = old.slots[1].node_id, (gpu_nodes - old.node_ids()).pop()
+        fake.kill_node(lost)
+        # Ray 2.48 only hinted at the node: it placed the lost slot's group on the spare
+        assert fake.groups_by_id[old.slots[1].group_id].on == [spare] * 4
+        rec = await until(lambda: (r := stored(fake, "j")).state == "ready" and r.epoch == 2 and r)
+        assert rec.slots[1].node_id == spare and lost not in rec.node_ids()
+        assert live_groups(fake) == table_groups(fake)  # the moved group is gone
         await ctl.stop()
 
     run(go())

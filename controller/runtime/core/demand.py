@@ -139,18 +139,7 @@ class Demand:
         return True
 
     async def _wait_free(self, freed: dict[str, dict[str, float]]) -> None:
-        """Until Ray reports each node's ``freed`` resources available (it does so a
-        moment after a removal), at most ``free_wait``."""
-        deadline = core.now() + self._free_wait
-        while core.now() < deadline:
-            free = await self._io.free_resources()
-            if all(
-                free.get(node, {}).get(k, 0.0) + 1e-9 >= v
-                for node, held in freed.items()
-                for k, v in held.items()
-            ):
-                return
-            await asyncio.sleep(0.1)
+        await wait_free(self._io, freed, self._free_wait)
 
     async def placed(self) -> list[str]:
         """The keys with a group placed now (a node joined for them): their owners can
@@ -188,3 +177,18 @@ def _same_but_avoid(a: Want, b: Want) -> bool:
         (x.bundles, x.strategy, x.labels) == (y.bundles, y.strategy, y.labels)
         for x, y in zip(a.groups, b.groups, strict=True)
     )
+
+
+async def wait_free(io: ClusterIO, freed: dict[str, dict[str, float]], wait: float) -> None:
+    """Until Ray reports each node's ``freed`` resources available (it does so a moment
+    after a removal), at most ``wait`` seconds."""
+    deadline = core.now() + wait
+    while core.now() < deadline:
+        free = await io.free_resources()
+        if all(
+            free.get(node, {}).get(k, 0.0) + 1e-9 >= v
+            for node, held in freed.items()
+            for k, v in held.items()
+        ):
+            return
+        await asyncio.sleep(0.1)

@@ -301,6 +301,26 @@ def broken_slots(
     return found
 
 
+def wandered(res: ReservationRecord, table: dict[str, GroupInfo], lost: Container[int]) -> dict:
+    """Of the ``lost`` slots (their node dead), the groups Ray placed again on other
+    nodes, by group id, with what they hold on each node (node -> resources). Only a Ray
+    that aims groups by a hint (2.48: ``controller.ray_versions.PIN_BY_LABEL``) moves a
+    dead node's group; there it holds the room a spare needs."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for i, slot in enumerate(res.slots):
+        info = table.get(slot.group_id)
+        if i not in lost or info is None or info.state != CREATED:
+            continue
+        if all(n == slot.node_id for n in info.nodes):
+            continue
+        held = out.setdefault(slot.group_id, {})
+        for node, bundle in zip(info.nodes, slot.bundles, strict=True):
+            have = held.setdefault(node, {})
+            for k, v in bundle.resources.items():
+                have[k] = have.get(k, 0.0) + v
+    return out
+
+
 async def remove_verified(io: ClusterIO, ids: set[str], timeout: float) -> set[str]:
     """Remove groups and wait until Ray reports each one REMOVED (or no longer knows
     it); returns the ids still not gone at the timeout (empty on success)."""

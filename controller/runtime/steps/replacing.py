@@ -21,10 +21,11 @@ import msgspec
 from controller.runtime import core
 from controller.runtime.core import groups
 from controller.runtime.core.context import Context
+from controller.runtime.core.demand import wait_free
 from controller.runtime.edge import CREATED
 from controller.runtime.steps.leasing import Leaser
 from controller.state import spares, standbys
-from controller.state.causes import DRAIN, OWN_NODE, RESPONSES
+from controller.state.causes import DRAIN, NODE_LOST, OWN_NODE, RESPONSES
 from controller.state.records import DEGRADED, READY, ReservationRecord
 from controller.state.wants import Want, for_spare
 
@@ -51,6 +52,29 @@ class Replacer:
         self._making.pop(job, None)
         self._claims.release(f"repair/{job}")
         self._claims.release(f"move/{job}")
+
+    async def _reclaim_wandered(self, res: ReservationRecord, table: dict, found: dict) -> None:
+        """Remove, now, the groups of lost slots that Ray placed again on other nodes (a
+        Ray that only hints where a group goes, 2.48), where they hold the room a spare
+        needs; the record still names them until the repair writes the new one, and then
+        they were to go anyway. Waits until Ray reports that room free."""
+        lost = {i for i, b in found.items() if b.cause == NODE_LOST}
+        moved = groups.wandered(res, table, lost)
+        if not moved:
+            return
+        log.info(
+            "%s: Ray placed the lost node's group(s) %s elsewhere: removed before choosing a spare",
+            res.job,
+            ", ".join(g[:12] for g in sorted(moved)),
+        )
+        await groups.remove_verified(self._io, set(moved), self.settings.removal_timeout)
+        freed: dict[str, dict[str, float]] = {}
+        for held in moved.values():
+            for node, need in held.items():
+                have = freed.setdefault(node, {})
+                for k, v in need.items():
+                    have[k] = have.get(k, 0.0) + v
+        await wait_free(self._io, freed, self.settings.demand_free_wait)
 
     async def replace(
         self, res: ReservationRecord, holds: list, draining: dict[str, float] | None = None
@@ -79,6 +103,7 @@ class Replacer:
             if draining is None:
                 await self._records.ready(res)
             return None, "", set(), None
+        await self._reclaim_wandered(res, table, found)
         live = self._nodes.view(res.spec.accelerator)
         live_by_id = {n.node_id: n for n in live.nodes}
         placed = {g for g, info in table.items() if info.state == CREATED}
