@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ from clients.nodes import NodeClient
 from clients.queue import QueueClient
 from clients.reservation import Reservation
 from clients.transport import DEFAULT_NAME, DEFAULT_NAMESPACE
-from clients.versions import check_ray_version
+from clients.versions import check_ray_features, check_ray_version
 from controller import ClusterSpec, load_spec
 from controller.errors import (
     ControllerNotFound,
@@ -76,6 +77,7 @@ def connect(
         SettingsError: ``settings`` names an unknown setting or a value it does not take.
     """
     check_ray_version(ray.__version__)
+    check_ray_features(os.environ, ray.__version__)
     from controller.surface import settings_by_name as by_name
 
     carried = by_name(settings or {})

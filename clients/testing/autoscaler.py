@@ -30,8 +30,11 @@ from ray.autoscaler.v2.sdk import get_cluster_resource_state
 from ray.core.generated import autoscaler_pb2, common_pb2
 
 _ALIVE = (autoscaler_pb2.NodeStatus.RUNNING, autoscaler_pb2.NodeStatus.IDLE)
-_IN = common_pb2.LabelSelectorOperator.LABEL_OPERATOR_IN
-_NOT_IN = common_pb2.LabelSelectorOperator.LABEL_OPERATOR_NOT_IN
+# Selector operators came with bundles' label selectors (Ray 2.49); on 2.48 placectl shows
+# no demand (controller.ray_versions.DEMAND_SELECTORS), and no selector reaches here.
+_OPERATOR = getattr(common_pb2, "LabelSelectorOperator", None)
+_IN = _OPERATOR.LABEL_OPERATOR_IN if _OPERATOR is not None else None
+_NOT_IN = _OPERATOR.LABEL_OPERATOR_NOT_IN if _OPERATOR is not None else None
 
 
 def _matches(selectors, labels: dict[str, str]) -> bool:

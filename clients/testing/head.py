@@ -37,6 +37,8 @@ import ray
 from ray.cluster_utils import Cluster
 
 from clients.testing.local import started
+from controller.errors import PlacementError
+from controller.ray_versions import ROCKSDB_STORE, has, installed, refusal
 from controller.runtime.edge.answers import TEST_HOOKS
 
 
@@ -108,6 +110,9 @@ class RocksStore:
     name = "rocksdb"
 
     def __init__(self) -> None:
+        release = installed()
+        if not has(ROCKSDB_STORE, release):  # its GCS would keep the tables in memory
+            raise PlacementError(refusal(ROCKSDB_STORE, release))
         self.path = tempfile.mkdtemp(prefix="placectl-gcs-rocksdb-")
 
     def env(self) -> dict[str, str]:

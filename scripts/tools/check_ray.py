@@ -2,12 +2,14 @@
 """Does this Ray keep placectl's contract? Two behaviours of Ray placectl relies on, tried
 on a local cluster (a head and two raylets with 4 fake GPUs each):
 
-* pinning: a placement group whose bundles carry the label selector
-  ``ray.io/node-id`` is placed on that node even when another node has room first;
+* pinning: a placement group aimed at a node as placectl's controller aims it on this
+  Ray (its bundles' label selector ``ray.io/node-id``; Ray 2.48's soft node hint) is
+  placed on that node even when another node has room first;
 * several devices per process: a process that holds two GPUs of its node through two
   bundles, and whose visible-devices variable placectl sets from the runtime environment
   (``CUDA_VISIBLE_DEVICES=2,3``), starts and runs a task. Ray before 2.60 maps each
-  device slot through that list and fails with an IndexError at the task's start.
+  device slot through a list set there and fails with an IndexError at the task's
+  start: placectl sets it as the process starts on those releases.
 
 Prints one line per behaviour and exits 1 if one fails. Usage: scripts/tools/check_ray.py
 """
@@ -27,6 +29,7 @@ from ray.util.placement_group import (
 import clients
 from clients.testing.local import local_cluster
 from clients.workers import WorkerGroup
+from controller.runtime.edge.ray_io import pin_options
 
 GPUS = 4
 
@@ -40,9 +43,7 @@ class Seer:
 def pinning(nodes: list[str]) -> str:
     """Pin a one-GPU group to each raylet in turn, the way placectl's controller does."""
     for node in (nodes[1], nodes[0]):
-        pg = placement_group(
-            [{"GPU": 1}], strategy="PACK", bundle_label_selector=[{"ray.io/node-id": node}]
-        )
+        pg = placement_group([{"GPU": 1}], **pin_options(node, 1))
         ray.get(pg.ready(), timeout=60)
         placed = placement_group_table(pg)["bundles_to_node_id"][0]
         remove_placement_group(pg)

@@ -5,7 +5,7 @@ import os
 import msgspec
 import pytest
 
-from controller.errors import ReservationTimeout
+from controller.errors import PlacementError, ReservationTimeout
 from controller.ray_versions import (
     DEMAND_SELECTORS,
     FEATURES,
@@ -117,3 +117,26 @@ def test_on_ray_2_48_a_lost_nodes_group_that_ray_moved_to_the_spare_makes_room_f
         await ctl.stop()
 
     run(go())
+
+
+def test_a_rocksdb_store_asked_of_a_ray_without_it_is_told_as_memory():
+    from controller.runtime.edge.ray_gcs import gcs_store
+
+    rocks = {"RAY_gcs_storage": "rocksdb"}
+    assert gcs_store(rocks, "2.57.0") == "rocksdb"
+    # Ray 2.55's GCS ignores the variable: a lost head loses the tables, and status says so
+    assert gcs_store(rocks, "2.55.0") == "memory"
+
+
+def test_token_authentication_asked_of_a_ray_without_it_is_refused_before_connecting():
+    from clients.versions import check_ray_features
+
+    token = {"RAY_AUTH_MODE": "token"}
+    check_ray_features(token, "2.52.0")
+    check_ray_features({"RAY_AUTH_MODE": "disabled"}, "2.48.0")
+    with pytest.raises(PlacementError) as e:
+        check_ray_features(token, "2.48.0")
+    assert str(e.value) == (
+        "token authentication (RAY_AUTH_MODE=token) needs Ray >= 2.52; "
+        'this cluster runs Ray 2.48.0 (upgrade every node: pip install "ray[default]>=2.52")'
+    )

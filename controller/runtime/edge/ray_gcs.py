@@ -30,16 +30,18 @@ from typing import TypeVar
 import ray
 
 from controller.errors import ClusterUnavailable
+from controller.ray_versions import ROCKSDB_STORE, has
 
 
-def gcs_store(env) -> str:
+def gcs_store(env, release: str = "") -> str:
     """Where the GCS keeps its tables, from the environment of a process the head
     started (the controller runs on the head): Ray's GCS reads the same variables.
     ``RAY_REDIS_ADDRESS`` (``ray start --head``, KubeRay's GCS fault tolerance) means
-    Redis; ``RAY_gcs_storage=rocksdb`` the embedded store (alpha in Ray 2.60)."""
+    Redis; ``RAY_gcs_storage=rocksdb`` the embedded store (alpha in Ray 2.60), which a
+    Ray ``release`` before 2.57 does not have: its GCS keeps the tables in memory."""
     if env.get("RAY_REDIS_ADDRESS") or env.get("RAY_gcs_storage", "").lower() == "redis":
         return "redis"
-    if env.get("RAY_gcs_storage", "").lower() == "rocksdb":
+    if env.get("RAY_gcs_storage", "").lower() == "rocksdb" and has(ROCKSDB_STORE, release):
         return "rocksdb"
     return "memory"
 

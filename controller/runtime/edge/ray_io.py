@@ -211,7 +211,7 @@ class RayClusterIO:
 
     # ------------------------------------------------------------ placement groups
     async def create_group(self, name: str, bundles: list[dict[str, float]], node_id: str) -> str:
-        pin = _pin(node_id, len(bundles))
+        pin = pin_options(node_id, len(bundles))
 
         def make() -> str:
             pg = placement_group(bundles, name=name, lifetime="detached", **pin)
@@ -312,7 +312,7 @@ class RayClusterIO:
         return ray.get_runtime_context().get_node_id()
 
     def gcs_store(self) -> str:
-        return gcs_store(os.environ)
+        return gcs_store(os.environ, installed())
 
     def ray_version(self) -> str:
         return installed()
@@ -334,7 +334,7 @@ async def _result(ref: ray.ObjectRef):
     return await asyncio.shield(asyncio.wrap_future(ref.future()))
 
 
-def _pin(node_id: str, n: int) -> dict:
+def pin_options(node_id: str, n: int) -> dict:
     """How a group of ``n`` bundles is pinned to ``node_id`` on the installed Ray."""
     if has(PIN_BY_LABEL, installed()):
         return {"strategy": "PACK", "bundle_label_selector": [{"ray.io/node-id": node_id}] * n}
