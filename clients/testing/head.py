@@ -36,7 +36,7 @@ import time
 import ray
 from ray.cluster_utils import Cluster
 
-from clients.testing.local import started
+from clients.testing.local import attach_drivers_to_the_head, started
 from controller.errors import PlacementError
 from controller.ray_versions import ROCKSDB_STORE, has, installed, refusal
 from controller.runtime.edge.answers import TEST_HOOKS
@@ -148,6 +148,7 @@ class FaultTolerantCluster(Cluster):
 
     def connect(self) -> None:
         """Connect this process as a driver (on the head's raylet)."""
+        attach_drivers_to_the_head()
         ray.init(address=self.address, logging_level="WARNING", log_to_driver=False)
 
     def restart_gcs(self, down_s: float = 0.0) -> float:

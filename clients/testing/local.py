@@ -111,6 +111,7 @@ def local_cluster(
         ]
         cluster.wait_for_nodes()
         if connect:
+            attach_drivers_to_the_head()
             ray.init(address=cluster.address, logging_level=log_level, log_to_driver=False)
         yield cluster, added
     finally:
@@ -122,3 +123,35 @@ def local_cluster(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def attach_drivers_to_the_head() -> None:
+    """Have a driver this process starts attach to the head's raylet, as Ray 2.55 and
+    later do among the raylets at the driver's address (every node of a local cluster has
+    one address). Ray 2.48 takes one of the others: a test that removes that node then
+    removes the driver's own raylet, which Ray refuses (``Cluster.remove_node``) or which
+    breaks the driver. A no-op on a Ray that prefers the head itself."""
+    import inspect
+
+    from ray._private import services
+    from ray._raylet import GcsClient
+    from ray.core.generated.gcs_pb2 import GcsNodeInfo
+
+    choose = services.get_node_to_connect_for_driver
+    if "node_name" in inspect.signature(choose).parameters or hasattr(choose, "placectl"):
+        return
+
+    def head_first(gcs_address, node_ip_address):
+        for node_id, n in GcsClient(address=gcs_address).get_all_node_info().items():
+            alive = n.state == GcsNodeInfo.GcsNodeState.ALIVE
+            if n.is_head_node and alive and n.node_manager_address == node_ip_address:
+                return {  # what Ray 2.48's own choice holds
+                    "node_id": node_id.hex(),
+                    "node_manager_port": n.node_manager_port,
+                    "raylet_socket_name": n.raylet_socket_name,
+                    "object_store_socket_name": n.object_store_socket_name,
+                }
+        return choose(gcs_address, node_ip_address)
+
+    head_first.placectl = True
+    services.get_node_to_connect_for_driver = head_first
