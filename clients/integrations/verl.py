@@ -35,133 +35,30 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+import ray
 
-from clients.integrations import warn_if_not
+from clients.integrations.verl_pools import (  # verl's classes, or how to install verl
+    VERL_MAX_COLOCATE_COUNT,
+    VERL_VERSION,
+    PlacectlResourcePool,
+    PlacectlResourcePoolManager,
+    RayClassWithInitArgs,
+    RayWorkerGroup,
+    create_colocated_worker_cls,
+)
 from clients.integrations.verl_repair import VerlStandbys
 from clients.launching import WORKER_NAMESPACE, detached_worker, options_for
 from clients.standby import Standbys, standby_name
 from controller.errors import PlacementError
 from controller.state.assignments import Assignment
 
-VERL_VERSION = "0.9.1"
 
-try:
-    from verl.single_controller.ray.base import (
-        RayClassWithInitArgs,
-        RayResourcePool,
-        RayWorkerGroup,
-        ResourcePoolManager,
-        create_colocated_worker_cls,
-    )
-except ImportError as e:  # pragma: no cover - exercised only without verl
-    raise PlacementError(
-        f"the verl integration needs verl (written against {VERL_VERSION}): "
-        f"pip install verl=={VERL_VERSION} ({e})"
-    ) from None
-
-warn_if_not("verl", VERL_VERSION, "verl")
-
-
-class PlacectlResourcePool(RayResourcePool):
-    """A verl resource pool made of one component of a placectl reservation.
-
-    ``world_size``, ``store`` (processes per node) and ``local_world_size_list`` are
-    placectl's; placement groups are the reservation's and nobody creates others.
-
-    Args:
-        reservation: a :class:`clients.Reservation`.
-        component: the component whose ranks become verl's ranks.
-        assignments: the assignments to use (default: the component's).
-        name_prefix: verl's name prefix for the workers.
-        detached: start the workers detached (named, re-attachable with :func:`attach`).
-    """
-
-    def __init__(
-        self,
-        reservation: Any,
-        component: str,
-        assignments: list[Assignment] | None = None,
-        name_prefix: str | None = None,
-        detached: bool = False,
-    ) -> None:
-        assignments = assignments if assignments is not None else reservation.assignments(component)
-        super().__init__(
-            process_on_nodes=_process_on_nodes(assignments),
-            use_gpu=any(a.placement.local_gpu_id >= 0 for a in assignments),
-            name_prefix=name_prefix or f"{reservation.job}.{component}.",
-            max_colocate_count=1,
-            detached=detached,
-        )
-        self.reservation, self.component = reservation, component
-        self.assignments = assignments
-        self.fused = False  # several roles in one process (colocated_worker_group)
-
-    def get_placement_groups(self, *args: Any, **kwargs: Any):
-        raise PlacementError(
-            f"the placectl pool of {self.reservation.job}/{self.component} places each rank "
-            "itself: create the worker group with "
-            "clients.integrations.verl.PlacectlWorkerGroup (ray_worker_group_cls=...)"
-        )
-
-
-def _process_on_nodes(assignments: list[Assignment]) -> list[int]:
-    """verl's ``process_on_nodes``: processes per node, in the order of NODE_RANK."""
-    counts: dict[int, int] = {}
-    for a in assignments:
-        n = a.placement.placement_node_rank
-        counts[n] = counts.get(n, 0) + 1
-    return [counts[n] for n in sorted(counts)]
-
-
-class PlacectlResourcePoolManager(ResourcePoolManager):
-    """verl's ``ResourcePoolManager`` whose pools are components of a reservation, for
-    trainers such as ``RayPPOTrainer`` (with ``ray_worker_group_cls=PlacectlWorkerGroup``).
-
-    verl starts one process per rank and pool, hosting every role mapped to the pool, so
-    a pool is one placectl component: ``actor_rollout_ref: all`` in the configuration,
-    ``pools={"global_pool": "actor_rollout_ref"}`` here. It checks no free GPUs: the
-    reservation holds them.
-
-    Args:
-        reservation: a :class:`clients.Reservation`.
-        pools: verl pool name -> the component whose ranks it holds.
-        mapping: verl role -> pool name, as for verl's own manager.
-
-    Raises:
-        PlacementError: a pool names no component of the reservation, or a role maps to
-            no pool.
-    """
-
-    def __init__(self, reservation: Any, pools: Mapping[str, str], mapping: Mapping) -> None:
-        known = set(reservation.components)
-        for pool, component in pools.items():
-            if component not in known:
-                raise PlacementError(
-                    f"pool {pool!r}: no component {component!r} in reservation "
-                    f"{reservation.job!r} (components: {', '.join(sorted(known))})"
-                )
-        for role, pool in mapping.items():
-            if pool not in pools:
-                raise PlacementError(
-                    f"role {role} maps to pool {pool!r}, which is not one of the pools "
-                    f"({', '.join(sorted(pools))})"
-                )
-        super().__init__(
-            resource_pool_spec={
-                name: _process_on_nodes(reservation.assignments(component))
-                for name, component in pools.items()
-            },
-            mapping=dict(mapping),
-            max_colocate_count=1,
-        )
-        self.reservation = reservation
-        self.pools = dict(pools)
-
-    def create_resource_pool(self) -> None:
-        for name, component in self.pools.items():
-            self.resource_pool_dict[name] = PlacectlResourcePool(
-                self.reservation, component, name_prefix=name
-            )
+def _named(name: str) -> Any:
+    """The running worker ``name``: a placectl detached worker, else verl's own."""
+    try:
+        return detached_worker(name, "verl worker")
+    except PlacementError:
+        return ray.get_actor(name)
 
 
 def _verl_env(a: Assignment, prefix: str) -> dict[str, str]:
@@ -185,6 +82,7 @@ class PlacectlWorkerGroup(VerlStandbys, RayWorkerGroup):
             return super()._init_with_resource_pool(
                 resource_pool, ray_cls_with_init, bin_pack, detached, worker_env
             )
+        resource_pool.take(self.name_prefix)  # before anything starts: a full pool refuses
         self.resource_pool = resource_pool
         assignments = resource_pool.assignments
         self._world_size, first = len(assignments), assignments[0].env
@@ -195,6 +93,14 @@ class PlacectlWorkerGroup(VerlStandbys, RayWorkerGroup):
             self._workers.append(self._start_worker(a, name, {}))
             self._worker_names.append(name)
         self.refill_standbys()
+
+    def _init_with_detached_workers(self, worker_names, worker_handles):
+        # verl's from_detached looks names up in the caller's namespace; placectl's
+        # detached workers live in its workers' own (found from any driver): there
+        # first, then verl's place
+        if not worker_handles and worker_names:
+            worker_handles = [_named(name) for name in worker_names]
+        super()._init_with_detached_workers(worker_names, worker_handles)
 
     def bind_launch(self, ray_cls_with_init, detached: bool, worker_env=None) -> None:
         """How this group starts a worker (set by :func:`worker_group` and :func:`attach`):
@@ -214,7 +120,8 @@ class PlacectlWorkerGroup(VerlStandbys, RayWorkerGroup):
     def _options(self, a: Assignment) -> dict[str, Any]:
         extra = dict(getattr(self._placectl_cls, "_options", {}) or {})
         extra.pop("name", None)
-        options = options_for(a, self._placectl_env, extra)
+        # this group's part of the rank's share (the pool's max_colocate_count)
+        options = options_for(self.resource_pool.worker_assignment(a), self._placectl_env, extra)
         options["runtime_env"]["env_vars"].update(_verl_env(a, self.name_prefix))
         return options
 
@@ -236,11 +143,23 @@ class PlacectlWorkerGroup(VerlStandbys, RayWorkerGroup):
 
 
 def resource_pool(
-    reservation: Any, component: str, name_prefix: str | None = None, detached: bool = False
+    reservation: Any,
+    component: str,
+    name_prefix: str | None = None,
+    detached: bool = False,
+    max_colocate_count: int = VERL_MAX_COLOCATE_COUNT,
 ) -> PlacectlResourcePool:
-    """A verl resource pool of ``component``'s ranks, for trainer code built on
-    ``ResourcePoolManager`` (with ``ray_worker_group_cls=PlacectlWorkerGroup``)."""
-    return PlacectlResourcePool(reservation, component, name_prefix=name_prefix, detached=detached)
+    """A verl resource pool of ``component``'s ranks, for trainer code built on verl's
+    pools (with ``ray_worker_group_cls=PlacectlWorkerGroup``): up to
+    ``max_colocate_count`` worker groups share it, each worker asking that fraction of
+    its rank's share, as on verl's ``RayResourcePool`` (whose default it takes)."""
+    return PlacectlResourcePool(
+        reservation,
+        component,
+        name_prefix=name_prefix,
+        detached=detached,
+        max_colocate_count=max_colocate_count,
+    )
 
 
 def worker_group(
@@ -263,7 +182,9 @@ def worker_group(
         detached: start the workers detached, re-attachable with :func:`attach`.
         **kwargs: passed to verl's ``RayWorkerGroup`` (``worker_env``, ...).
     """
-    pool = PlacectlResourcePool(reservation, component, name_prefix=name_prefix, detached=detached)
+    pool = PlacectlResourcePool(
+        reservation, component, name_prefix=name_prefix, detached=detached, max_colocate_count=1
+    )  # its own pool: the group holds each rank's whole share
     return PlacectlWorkerGroup(
         resource_pool=pool,
         ray_cls_with_init=ray_cls_with_init,
@@ -322,6 +243,7 @@ def colocated_worker_group(
         assignments=fused_assignments,
         name_prefix=name_prefix or f"{reservation.job}.{'+'.join(names)}.",
         detached=detached,
+        max_colocate_count=1,
     )
     pool.fused = True
     return PlacectlWorkerGroup(
@@ -339,9 +261,12 @@ def attach(
     ray_cls_with_init: RayClassWithInitArgs,
     *,
     name_prefix: str | None = None,
+    max_colocate_count: int = 1,
 ) -> PlacectlWorkerGroup:
     """The running detached verl workers of ``component`` (started with
-    ``detached=True``), from a restarted driver, as a verl worker group.
+    ``detached=True``), from a restarted driver, as a verl worker group; a worker it
+    starts again asks what the group's own did (``max_colocate_count``: that of the pool
+    the group was made on; :func:`worker_group`'s is 1).
 
     Raises:
         PlacementError: a worker is not running.
@@ -366,7 +291,11 @@ def attach(
         ray_cls_with_init=ray_cls_with_init,
     )
     group.resource_pool = PlacectlResourcePool(
-        reservation, component, name_prefix=prefix, detached=True
+        reservation,
+        component,
+        name_prefix=prefix,
+        detached=True,
+        max_colocate_count=max_colocate_count,
     )
     group.bind_launch(ray_cls_with_init, True)
     return group

@@ -201,6 +201,10 @@ def test_a_trainers_pool_manager_runs_its_pools_on_the_reservation(ctl):
         for role, comp in (("actor_rollout", "actor_rollout_ref"), ("critic", "critic")):
             _check_against_placectl(every[role].report(), res.assignments(comp), devices[comp])
         assert every["ref"].role() == ["ref"] * 4
+        # each worker asks what the workers of verl's own manager's pools ask of a GPU:
+        # 1/max_colocate_count, its default 3 (one group here; up to three fit)
+        granted = ray.get([w.__ray_call__.remote(_granted) for w in groups[0].workers])
+        assert [g["GPU"] for g in granted] == [pytest.approx(1 / 3, abs=1e-4)] * 4  # Ray: 0.3333
     finally:
         for wg in groups:
             for w in wg.workers:
