@@ -66,11 +66,11 @@ async def wait_for_nodes(
             if demand is not None:
                 alive = nodes.alive_view(spec.accelerator)
                 await demand.want(key, for_missing_nodes(spec, view, alive))
-                asked = demand.held(key)
+                asked, refused = demand.held(key), demand.refused()
                 if asked is not None:
                     message += f"; asked the autoscaler for {asked.describe()}"
-                elif demand.refused():
-                    message += f"; not asking the autoscaler: {demand.refused()}"
+                elif refused:
+                    message += f"; not asking the autoscaler: {refused}"
             say(message)
             if core.now() - last_log > PROGRESS_LOG_PERIOD_S:
                 log.info("%s: %s", job, message)

@@ -238,6 +238,7 @@ class RayClusterIO:
         try:
             await asyncio.wait_for(_result(group_handle(group_id).ready()), timeout)
         except asyncio.TimeoutError:
+            self._soft_pins.pop(group_id, None)  # the caller removes the group
             return False
         target = self._soft_pins.pop(group_id, None)
         if target is None:
