@@ -72,6 +72,35 @@ def test_a_node_cut_off_while_the_head_is_fine_is_suspected_once_witnesses_agree
     run(go())
 
 
+def test_two_sweeps_before_the_loop_settles_suspect_a_node_once():
+    """The watch judges a node by the phase its own posts will give it, not the phase the
+    node view applied last: a second sweep that runs before the loop settles the first
+    one's `suspected` (a loop busy elsewhere, on a loaded machine) posts nothing again."""
+
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        slow_watch = msgspec.structs.replace(RULE, liveness_period=60.0)  # the test sweeps
+        ctl = await _reserved(fake, slow_watch)
+        watch = ctl.ops.liveness
+        lost = stored(fake, "j").slots[0].node_id
+        fake.cut.add(lost)
+        await watch.sweep({lost})  # the silence begins; the witnesses are asked
+        began = watch.evidence(lost).silent_since
+        await until(lambda: watch.witnessing.since(lost, began) is not None)
+        loop = asyncio.get_running_loop()
+        await until(lambda: loop.time() - began >= RULE.suspect_after, timeout=10)
+        await watch.sweep({lost})  # suspects it: the fact waits in the inbox
+        await watch.sweep({lost})  # the loop has not run in between
+        said = [e.message for e in fake.metrics.events if e.kind == "suspected"]
+        assert len(said) == 1, said
+        waiting = [f.kind for f in ctl.ops.ctx.nodes.inbox.waiting(lost)]
+        assert waiting.count("suspected") == 1 and waiting.count("silent") <= 1, waiting
+        await until(lambda: stored(fake, "j").epoch == 2)
+        await ctl.stop()
+
+    run(go())
+
+
 def test_the_head_cut_off_fences_nothing_and_says_so():
     async def go():
         fake = cluster(gpu_nodes=3)

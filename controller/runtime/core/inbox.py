@@ -86,6 +86,10 @@ class Inbox:
         self.posted += 1
         self.wakeup.set()
 
+    def waiting(self, node: str) -> list[Fact]:
+        """The facts about ``node`` posted and not applied yet, in the order posted."""
+        return [f for f in self._facts if f.node == node]
+
     def take(self) -> list[Fact]:
         """Every fact waiting, in the order posted; the inbox is empty after."""
         facts = list(self._facts)

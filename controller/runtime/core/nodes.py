@@ -123,6 +123,16 @@ class ClusterNodes:
         got = self._records.get(node_id)
         return got.phase if got is not None else doubts.HEALTHY
 
+    def next_phase(self, node_id: str) -> doubts.Phase:
+        """The node's phase once the facts waiting for it in the inbox are applied: what
+        a writer checks before it posts, so that one transition is posted once however
+        long the loop takes to settle (two sweeps of the watch between two settles would
+        otherwise both see it silent and both suspect it)."""
+        record = self.record(node_id)
+        for fact in self.inbox.waiting(node_id):
+            record = doubts.step(record, fact) or record
+        return record.phase
+
     def records(self) -> dict[str, NodeRecord]:
         """Every node placectl said something of, and what it believes of it."""
         return dict(self._records)

@@ -184,7 +184,7 @@ class Liveness:
                 continue
             if e.silent_since is None:
                 e.silent_since = sent
-            if self._nodes.phase(node) in (doubts.HEALTHY, doubts.BACK):
+            if self._nodes.next_phase(node) in (doubts.HEALTHY, doubts.BACK):
                 self._post(node, Kind.SILENT, sent, "its raylet does not answer")
             if e.answer == REFUSED:
                 e.refused_at = sent if e.refused_at is None else e.refused_at
@@ -208,7 +208,7 @@ class Liveness:
         e.clear()
         e.answered_at = max(e.answered_at, sent)
         self.witnessing.drop(node)
-        if self._nodes.phase(node) in (doubts.SILENT, doubts.SUSPECTED, doubts.MOVED):
+        if self._nodes.next_phase(node) in (doubts.SILENT, doubts.SUSPECTED, doubts.MOVED):
             lasted = f" after {sent - was:.1f}s" if was is not None else ""
             self._post(node, Kind.ANSWERED, sent, f"its raylet answers again{lasted}")
 
@@ -237,8 +237,9 @@ class Liveness:
             if not chosen or (opinion is not None and not opinion.heard):
                 self._unwitnessed(node, chosen)  # nobody replied, or nobody to ask
             return ""
-        phase = self._nodes.phase(node)
-        if phase not in (doubts.SUSPECTED, doubts.MOVED):
+        # Judged by what the watch's own posts make of the node, not by what the view
+        # applied last: one suspicion is posted and told once.
+        if self._nodes.next_phase(node) not in (doubts.SUSPECTED, doubts.MOVED):
             self._suspect(node, opinion.says(silent_for))
         if silent_for >= self.grace:
             why = (
