@@ -61,6 +61,39 @@ def test_a_5s_cut_of_one_job_node_moves_its_slot_and_costs_no_node():
     run(go())
 
 
+def test_a_controller_restarted_while_a_suspect_is_away_keeps_it_out_and_sweeps_it_back():
+    """Case 4 of the faults in combination: the controller restarts after a cut node's
+    slot moved. What is owed on the node's return is in the table with the move (its
+    kept group), so the new controller knows the node is in doubt: it keeps the group and
+    the node out of placement, watches it, and sweeps it when it answers."""
+
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        ctl = await controller(fake, RULE)
+        await ctl.reserve("j", spec("0-7", num_nodes=3))
+        uid, cut = stored(fake, "j").uid, stored(fake, "j").slots[0].node_id
+        old_group = stored(fake, "j").slots[0].group_id
+        fake.cut.add(cut)
+        await until(lambda: stored(fake, "j").epoch == 2, timeout=10)
+        await ctl.stop()
+        ctl = await controller(fake, RULE)  # Ray restarts it; the node is still cut off
+        await asyncio.sleep(2.0)  # many ticks and sweeps of the new controller
+        assert _nodes(ctl).phase(cut) == doubts.MOVED
+        assert cut not in {n.node_id for n in _nodes(ctl).view("GPU").nodes}
+        assert fake.groups_by_id[old_group].state == "CREATED"  # nothing sent to it
+        assert [x.group_id for x in stored(fake, "j").leaving] == [old_group]
+        fake.cut.discard(cut)
+        await _back_in_placement(ctl, cut)
+        assert fake.nodes_by_id[cut].swept == [(uid, True)]
+        assert fake.groups_by_id[old_group].state == "REMOVED"
+        await until(lambda: stored(fake, "j").leaving == [])
+        assert fake.fenced == {} and _kinds(fake).count("back") == 1
+        assert stored(fake, "j").state == "ready" and stored(fake, "j").epoch == 2
+        await ctl.stop()
+
+    run(go())
+
+
 def test_a_cut_longer_than_the_grace_is_fenced_after_it():
     async def go():
         fake = cluster(gpu_nodes=3)

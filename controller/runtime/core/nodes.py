@@ -297,6 +297,18 @@ class ClusterNodes:
                 )
         self.settle()
 
+    def owed(self, owed: Mapping[str, set[str]]) -> None:
+        """At recovery: the nodes the table says slots moved off while they were away
+        (node -> the reservation uids whose groups are kept there until it answers) are
+        in doubt again, as before the restart: moved, out of placement, watched, and
+        swept when they answer. A node Ray calls dead needs none of it. Settles."""
+        for node in sorted(owed.keys() & self._alive):
+            why = "its slots moved off it while it was away, before the controller restarted"
+            self.say(node, Kind.SUSPECTED, Source.TABLE, detail=why)
+            for uid in sorted(owed[node]):
+                self.say(node, Kind.MOVED, Source.TABLE, detail=uid)
+        self.settle()
+
     def cordons(self, cordons: Mapping[str, Cordon], source: Source) -> None:
         """Post how the operator's cordons (node -> its cordon) differ from the view's;
         settle."""

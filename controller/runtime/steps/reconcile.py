@@ -37,6 +37,7 @@ from controller.state.records import (
     PENDING,
     READY,
     RELEASING,
+    UNTIL_BACK,
     ReservationRecord,
 )
 
@@ -82,6 +83,7 @@ class Reconciler:
         loaded = await self._state.load()
         await self._nodes.refresh()
         self._nodes.cordons(self._state.cordons, Source.TABLE)
+        self._nodes.owed(self._owed())
         table = await self._io.groups()
         for job in sorted(self._state.records):
             res = self._state.records[job]
@@ -103,6 +105,17 @@ class Reconciler:
             f", {loaded.migrated} migrated from table format 1" if loaded.migrated else "",
         )
         return loaded
+
+    def _owed(self) -> dict[str, set[str]]:
+        """Node -> the reservations whose groups the table keeps there until it answers
+        (:data:`UNTIL_BACK`): written with the commit that moved their slots off it, so
+        a doubt outlives the controller that had it."""
+        owed: dict[str, set[str]] = {}
+        for res in self._state.records.values():
+            for x in res.leaving:
+                if x.remove_at == UNTIL_BACK:
+                    owed.setdefault(x.node_id, set()).add(res.uid)
+        return owed
 
     # ------------------------------------------------------------ orphans
     def _orphans(self, table: dict[str, GroupInfo]) -> set[str]:
