@@ -94,6 +94,59 @@ def test_a_controller_restarted_while_a_suspect_is_away_keeps_it_out_and_sweeps_
     run(go())
 
 
+def test_a_held_spare_cut_off_first_is_held_anew_and_never_takes_the_slot():
+    """Case 2 of the faults in combination: the held spare's host is cut off, then a job
+    host. The spare is watched like a slot: suspected, dropped and held anew on the free
+    host, so the lost slot moves once, onto a live spare, never onto the silent one."""
+
+    async def go():
+        fake = cluster(gpu_nodes=4)  # two job hosts, the spare's, one free
+        ctl = await controller(fake, RULE)
+        await ctl.reserve("j", {**spec("0-7", num_nodes=3), "spares": 1})
+        rec = await until(lambda: (r := stored(fake, "j")) and len(r.spares) == 1 and r)
+        first = rec.spares[0].node_id
+        fake.cut.add(first)
+        rec = await until(
+            lambda: (r := stored(fake, "j")).spares and r.spares[0].node_id != first and r,
+            timeout=10,
+        )
+        assert first not in {n.node_id for n in _nodes(ctl).view("GPU").nodes}
+        lost = rec.slots[0].node_id
+        fake.cut.add(lost)
+        rec = await until(
+            lambda: (r := stored(fake, "j")).epoch == 2 and r.state == "ready" and r, timeout=10
+        )
+        assert rec.node_ids().isdisjoint({first, lost}), rec.slots
+        await asyncio.sleep(2.0)
+        assert stored(fake, "j").epoch == 2  # moved once
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_repair_takes_a_free_host_over_a_held_spare_gone_silent():
+    """The spare's host falls silent, and before its silence is judged a job host dies:
+    the repair takes the free host, not the spare nobody has heard from since."""
+
+    async def go():
+        fake = cluster(gpu_nodes=4)
+        ctl = await controller(fake, RULE)
+        await ctl.reserve("j", {**spec("0-7", num_nodes=3), "spares": 1})
+        rec = await until(lambda: (r := stored(fake, "j")) and len(r.spares) == 1 and r)
+        silent = rec.spares[0].node_id
+        fake.cut.add(silent)
+        await until(lambda: _nodes(ctl).phase(silent) == doubts.SILENT)
+        fake.kill_node(rec.slots[0].node_id)
+        rec = await until(lambda: (r := stored(fake, "j")).epoch == 2 and r, timeout=10)
+        assert silent not in rec.node_ids(), rec.slots
+        assert "suspected" not in _kinds(fake)  # moved at once, not after the spare's verdict
+        await until(lambda: stored(fake, "j").state == "ready", timeout=10)
+        assert stored(fake, "j").epoch == 2
+        await ctl.stop()
+
+    run(go())
+
+
 def test_a_cut_longer_than_the_grace_is_fenced_after_it():
     async def go():
         fake = cluster(gpu_nodes=3)

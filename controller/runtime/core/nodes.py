@@ -141,6 +141,13 @@ class ClusterNodes:
         """The nodes neither healthy nor gone: silent, suspected, moved, back."""
         return {n: r for n, r in self._records.items() if r.phase in doubts.OPEN}
 
+    def silent(self) -> set[str]:
+        """The alive nodes silent to the watch, not judged yet (placement keeps them:
+        most silences are blips; a repair does not move ranks onto one)."""
+        return {
+            n for n, r in self._records.items() if r.phase == doubts.SILENT and n in self._alive
+        }
+
     def suspected(self) -> set[str]:
         """The nodes whose slots are broken though Ray calls them alive: suspected or
         moved (``back`` ones answer again: their kept slots are theirs)."""

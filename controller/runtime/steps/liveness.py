@@ -127,15 +127,15 @@ class Liveness:
             took = core.now() - started
 
     def watched(self) -> set[str]:
-        """The alive nodes holding a slot of a settled reservation, and the suspects (a
-        suspect whose slots moved away is watched until it answers and is swept, or is
-        fenced), but the head and the controller's own. A node only silent that holds no
-        slot any more (released) is Ray's to judge."""
+        """The alive nodes holding a slot or a held spare of a settled reservation, and
+        the suspects (a suspect whose slots moved away is watched until it answers and is
+        swept, or is fenced), but the head and the controller's own. A node only silent
+        that holds no slot any more (released) is Ray's to judge."""
         own = self._io.own_node()
         out = {n for n, r in self._nodes.in_doubt().items() if r.phase in doubts.OUT}
         for res in self._state.records.values():
-            if res.settled:
-                out.update(res.node_ids())
+            if res.settled:  # a held spare too: a repair must never take a silent one
+                out.update(res.node_ids(), (s.node_id for s in res.spares))
         return {
             n
             for n in out

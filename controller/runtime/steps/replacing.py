@@ -107,7 +107,13 @@ class Replacer:
         live = self._nodes.view(res.spec.accelerator)
         live_by_id = {n.node_id: n for n in live.nodes}
         placed = {g for g, info in table.items() if info.state == CREATED}
-        usable = spares.usable_spares(res, live_by_id, self._nodes.draining, placed)
+        # A node silent to the watch, not judged yet, is no place to move to: a held
+        # spare there is skipped, as is a free one (the ranks would be lost again).
+        silent = self._nodes.silent()
+        heard = [n for n in live.nodes if n.node_id not in silent]
+        usable = spares.usable_spares(
+            res, {n.node_id: n for n in heard}, self._nodes.draining, placed
+        )
         adopted: dict[int, list[int]] = {}  # held spare -> the slots it becomes
         who = f"{'move' if draining is not None else 'repair'}/{res.job}"
         free = self._claims.free(await self._io.free_resources(), but=who)
@@ -143,7 +149,7 @@ class Replacer:
                 held = spares.held_for(res, dead, bundles, usable, taken, sel, keep)
             if held is None:
                 spare = spares.choose_spare(
-                    res.nodes[node_rank], live.nodes, free, need, taken, sel, keep,
+                    res.nodes[node_rank], heard, free, need, taken, sel, keep,
                     self._claims.busy(but=who),
                 )  # fmt: skip
             if held is None and spare is None and use == spares.LAST:  # the spare after all
