@@ -3,8 +3,9 @@ the ranks that answer when some are lost, while their replacements start beside 
 
 Rollout is embarrassingly parallel: an engine lost of eight should cost an eighth of the
 throughput for a while, not a stop. For such a component (never a trainer: the spec
-refuses it), ``WorkerGroup.repair()`` returns once Ray's verdict on the lost ranks is in,
-without relaunching them, and this module takes over:
+refuses it), ``WorkerGroup.repair()`` returns once the verdict on the lost ranks is in
+(Ray's, or the controller's on a node it moved the job off), without relaunching them,
+and this module takes over:
 
 * **In the background**, as soon as the reservation is ready with the lost slots placed
   anew (a held spare, a free node, or one the autoscaler adds, on the placement rules of

@@ -250,10 +250,10 @@ class WorkerGroup(Serving, Moves):
 
         Returns:
             The relaunched ranks (empty when none was gone or moved). For a component
-            with ``on_loss: continue``: the ranks newly lost, returned once Ray's verdict
-            on them is in, none relaunched; :attr:`live` leaves them out, their
-            replacements start in the background, and :meth:`admit` makes them ranks
-            again (:mod:`clients.short`).
+            with ``on_loss: continue``: the ranks newly lost, returned once the verdict
+            on them is in (Ray's, or their node's slot moved), none relaunched;
+            :attr:`live` leaves them out, their replacements start in the background,
+            and :meth:`admit` makes them ranks again (:mod:`clients.short`).
 
         Raises:
             ReservationTimeout: the reservation is not ready within ``timeout``.
@@ -275,10 +275,16 @@ class WorkerGroup(Serving, Moves):
         )
         if res.spec.component(self.component).runs_short:
             # on_loss: continue: the job goes on with the ranks that answer; the lost
-            # ones' replacements start in the background (clients.short).
-            lost = sorted(set(self.dead_ranks()) - set(self._short.lost))
+            # ones' replacements start in the background (clients.short). Lost: those
+            # Ray reports dead, and those on a node the controller moved the job off
+            # (Ray calls a silent node alive for a minute).
+            away = verdict.away(nodes)
+            moved = {
+                r for r, a in enumerate(self._roster.assignments) if a.placement.node_id in away
+            }
+            lost = sorted((set(self.dead_ranks()) | moved) - set(self._short.lost))
             if lost:
-                self._short.lose(lost, verdict.away(nodes))
+                self._short.lose(lost, away)
                 say(
                     f"{res.job}/{self.component}: ranks {lost} lost; running short on "
                     f"{len(self.live)} of {len(self._roster.actors)} until the job admits "

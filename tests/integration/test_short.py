@@ -16,6 +16,7 @@ import ray
 
 import clients
 import clients.weights
+from clients.testing import machines
 from tests.integration.conftest import local_cluster, placectl_cli, remove, wait_for
 
 JOB = "short"
@@ -47,6 +48,50 @@ class Engine:
     def seen(self) -> dict:
         ctx = ray.get_runtime_context()
         return {"pid": os.getpid(), "node": ctx.get_node_id(), "rank": os.environ["RANK"]}
+
+
+def test_a_hung_node_Ray_calls_alive_costs_its_ranks_at_once(cluster):
+    """Case 1 of the faults in combination: every process of a rollout node stopped (a
+    hung kernel; a host cut off reads the same). Ray calls the node and its actors alive
+    for a minute; placectl suspects it in seconds and moves its slot. Its ranks are lost
+    to running short on that verdict, not on Ray's: repair() returns them, the group
+    goes on without them, and their replacements start where the slot went and are
+    admitted. Resumed, the node is swept and free again (for the test below)."""
+    ctl = clients.connect()
+    try:
+        res = ctl.reserve(JOB, CONF, timeout_s=120)
+        group = clients.WorkerGroup.launch(res, "rollout", Engine, detached=True)
+        group.push("load", 1, version=1)
+        before = {r: ray.get(a.seen.remote()) for r, a in group.live.items()}
+        victim = before[3]["node"]
+        node = next(n for n in cluster.list_all_nodes() if n.node_id == victim)
+        procs = machines.hang(node)
+        try:
+            started = time.monotonic()
+            lost = group.repair(timeout=60, hung_after=5)
+            took = time.monotonic() - started
+            assert lost == [2, 3], f"after {took:.1f}s"
+            assert took < 20, took
+            alive = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
+            assert alive[victim]  # Ray still calls it alive: the verdict was placectl's
+            assert group.short == [2, 3] and sorted(group.live) == [0, 1]
+            group.push("load", 2, version=2)  # the survivors alone: no wait on the hung
+            assert sorted(group.serving(2)) == [0, 1]
+            ready = wait_for(lambda: group.replacements_ready() == [2, 3] and [2, 3], 60)
+            assert group.admit(ready) == [2, 3]
+            fresh = res.assignments("rollout")
+            for r in (2, 3):
+                seen = ray.get(group.live[r].seen.remote())
+                assert seen["node"] == fresh[r].placement.node_id != victim
+            group.push("load", 3, version=3)
+            assert sorted(group.serving(3)) == [0, 1, 2, 3]
+        finally:
+            machines.resume(node, procs)
+        assert machines.wait_gone([before[r]["pid"] for r in (2, 3)], timeout=60) == []
+        wait_for(lambda: victim not in ctl.health()["doubts"], timeout=60)
+        group.shutdown()
+    finally:
+        ctl.release_all()
 
 
 def test_a_lost_node_costs_its_ranks_and_the_group_goes_on_until_it_admits_them(cluster):
