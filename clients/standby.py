@@ -89,6 +89,28 @@ def standby_name(job: str, component: str, a: Assignment) -> str:
     return f"{job}.{component}~{a.placement_group_id}.{a.bundle_index}"
 
 
+def end_other_standbys(reservation: Any, component: str, taken: list[Assignment]) -> list[str]:
+    """End the detached standbys of ``reservation``'s other components in the bundles of
+    ``taken`` (the assignments ``component``'s ranks are about to start in): a repair that
+    took a held spare of another kind finds that kind's standbys holding its devices,
+    and their own group would end them only at its next refill, which a driver blocked
+    in this repair never reaches. Their group drops them at that refill (the spare is a
+    slot now). Returns the names of those ended."""
+    others = [
+        c
+        for c in reservation.components
+        if c != component and reservation.spec.component(c).standby
+    ]
+    ended = []
+    for c in others:
+        for a in taken:
+            name = standby_name(reservation.job, c, a)
+            with contextlib.suppress(ValueError):  # none there by that name
+                ray.kill(ray.get_actor(name, namespace=WORKER_NAMESPACE), no_restart=True)
+                ended.append(name)
+    return ended
+
+
 def standby_states(reservation: Any) -> dict[str, list[tuple[Assignment, str]]]:
     """For each component with ``standby: true``, each standby it should have on the held
     spares and what Ray's actor table says of the one by that name: ``ready`` (its

@@ -27,7 +27,13 @@ from clients.moves import Moves
 from clients.roster import Launch, Roster
 from clients.serving import Serving
 from clients.short import Replacements
-from clients.standby import find_ranks, held_groups, key_of, standbys_to_come
+from clients.standby import (
+    end_other_standbys,
+    find_ranks,
+    held_groups,
+    key_of,
+    standbys_to_come,
+)
 from clients.sync import can_keep
 from controller import PlacementError
 from controller.state.assignments import Assignment
@@ -310,6 +316,10 @@ class WorkerGroup(Serving, Moves):
             held = held_groups(res)
             keep |= {key for key in self._roster.standbys.running if key[0] in held}
         self._roster.drop_standbys(keep)
+        ended = end_other_standbys(res, self.component, [fresh[r] for r in lost])
+        if ended:
+            say(f"{res.job}/{self.component}: ended {len(ended)} standby(s) of another "
+                "component on the held spare its ranks take")  # fmt: skip
         remaining = max(timeout - (time.monotonic() - started), 1.0)
         self._roster.relaunch(
             lost, fresh, away=verdict.away(nodes), promote_timeout=remaining, say=say

@@ -175,3 +175,44 @@ def test_rollout_that_runs_short_is_replaced_by_its_standbys_on_a_spare_of_its_k
         assert standbys_on_one_node(actor)[0] == trainer_spare
     finally:
         ctl.release(job)
+
+
+def test_trainers_that_take_the_rollout_kinds_spare_end_its_standbys_and_start(cluster):
+    """Case 3 of the faults in combination: a spare of each kind, the trainers' spare
+    lost first (no node free to hold another), then the trainers' node. The trainers'
+    repair takes the spare of the rollout's kind, on which rollout standbys hold every
+    GPU: it ends them, so the trainers start there at once rather than waiting for the
+    rollout group's next refill (a driver blocked in repair() never gets to it)."""
+    alive = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]
+    for _ in range(4 - len(alive)):
+        cluster.add_node(num_cpus=GPUS_PER_NODE, num_gpus=GPUS_PER_NODE)
+    ctl = clients.connect()
+    job = f"{JOB}-other"
+    try:
+        res = ctl.reserve(job, KINDS, timeout_s=120)
+        actor = clients.WorkerGroup.launch(res, "actor", Trainer, detached=True)
+        rollout = clients.WorkerGroup.launch(res, "rollout", Engine, detached=True)
+        wait_for(lambda: len(res.refresh().spares) == 2, timeout=90)
+        trainer_spare, _ = standbys_on_one_node(actor)
+
+        def rollout_standbys():
+            rollout.refill_standbys()
+            return len(rollout.standbys) == GPUS_PER_NODE and rollout.standbys
+
+        others = wait_for(rollout_standbys, timeout=90)
+        (rollout_spare,) = {ray.get(a.__ray_call__.remote(
+            lambda _s: ray.get_runtime_context().get_node_id())) for a in others}  # fmt: skip
+        remove(cluster, trainer_spare)
+        wait_for(lambda: len(res.refresh().spares) == 1, timeout=90)  # dropped, none free
+        (trainers,) = {ray.get(a.seen.remote())["node"] for a in actor.actors}
+        remove(cluster, trainers)
+        started = time.monotonic()
+        assert actor.repair(timeout=90, hung_after=5) == [0, 1, 2, 3]
+        took = time.monotonic() - started
+        assert {ray.get(a.seen.remote())["node"] for a in actor.actors} == {rollout_spare}
+        assert took < 60, took
+        wait_for(lambda: all(dead(s) for s in others), timeout=30)
+        assert rollout.repair(timeout=30) == []  # the rollout ranks never noticed
+        wait_for(lambda: (rollout.refill_standbys(), not rollout.standbys)[1], timeout=30)
+    finally:
+        ctl.release(job)
