@@ -42,6 +42,7 @@ OPERATOR = "operator"
 FENCED = "fenced"  # a node placectl told Ray is dead
 SUSPECTED = "suspected"  # a node silent to the controller and its witnesses: its slots move
 BACK = "back"  # a suspected node answers again: what moved off it was ended, it is free
+HELD_DOWN = "held_down"  # a node suspected again and again: out of placement for a while
 DENIED = "denied"  # a node's raylet or the GCS refused placectl's own calls
 CUT_OFF = "cut_off"  # the controller reaches no majority of nodes (or again does)
 CORDON = "cordon"  # an operator cordoned, drained or uncordoned a node
@@ -62,6 +63,7 @@ KINDS = (
     FENCED,
     SUSPECTED,
     BACK,
+    HELD_DOWN,
     DENIED,
     CUT_OFF,
     CORDON,
@@ -251,6 +253,11 @@ def suspected(node_id: str, ip: str, why: str, now: float | None = None) -> Even
 def back(node_id: str, ip: str, why: str, now: float | None = None) -> Event:
     """The event of a suspected node answering again: kept, not lost."""
     return _of_node(BACK, node_id, ip, f"is back: {why}", now)
+
+
+def held_down(node_id: str, ip: str, why: str, now: float | None = None) -> Event:
+    """The event of a flapping node held down: no slot or spare lands on it for a while."""
+    return _of_node(HELD_DOWN, node_id, ip, f"held down: {why}", now)
 
 
 def denied(key: str, why: str, now: float | None = None) -> Event:

@@ -147,6 +147,46 @@ def test_a_repair_takes_a_free_host_over_a_held_spare_gone_silent():
     run(go())
 
 
+FLAPS = msgspec.structs.replace(RULE, hold_down_after=3, hold_down_window=600.0, hold_down=120.0)
+
+
+def test_a_flapping_node_is_held_down_not_fenced_and_takes_no_spare_for_a_while():
+    """A node whose link goes down and up: its slot moves to the spare, it comes back
+    and is held as the next spare, is suspected again, and again. At the third
+    suspicion in the window it is held down: back and healthy, it takes no spare for
+    hold_down, is never fenced, and is held as the spare again after."""
+
+    async def go():
+        fake = cluster(gpu_nodes=3)  # two job hosts and the spare's: none free
+        ctl = await controller(fake, FLAPS)
+        await ctl.reserve("j", {**spec("0-7", num_nodes=3), "spares": 1})
+        rec = await until(lambda: (r := stored(fake, "j")) and len(r.spares) == 1 and r)
+        flapping = rec.slots[0].node_id
+
+        def spare_on_it():
+            return [s.node_id for s in stored(fake, "j").spares] == [flapping]
+
+        for cycle in range(3):
+            fake.cut.add(flapping)  # down
+            await until(lambda c=cycle: _kinds(fake).count("suspected") == c + 1, timeout=10)
+            await asyncio.sleep(1.0)
+            fake.cut.discard(flapping)  # up
+            await until(lambda: _nodes(ctl).phase(flapping) == doubts.HEALTHY, timeout=10)
+            if cycle < 2:  # free again: held as the spare, the nearest free node
+                await until(spare_on_it, timeout=10)
+        assert _kinds(fake).count("held_down") == 1
+        began = asyncio.get_running_loop().time()
+        await asyncio.sleep(60.0)
+        assert stored(fake, "j").spares == [] and flapping not in stored(fake, "j").node_ids()
+        assert flapping not in {n.node_id for n in _nodes(ctl).view("GPU").nodes}
+        assert fake.fenced == {} and stored(fake, "j").state == "ready"
+        await until(spare_on_it, timeout=120)  # once the hold-down is over
+        assert asyncio.get_running_loop().time() - began >= 120.0 - 5
+        await ctl.stop()
+
+    run(go())
+
+
 def test_a_cut_longer_than_the_grace_is_fenced_after_it():
     async def go():
         fake = cluster(gpu_nodes=3)

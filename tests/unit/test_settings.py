@@ -38,6 +38,16 @@ def test_every_setting_has_its_variable_and_takes_it():
         ({"PLACECTL_EVENTS_KEPT": "2.5"}, "expected a whole number >= 1; default 1000"),
         ({"PLACECTL_REFUSED_CONFIRM": "-1"}, "expected a number of seconds >= 0"),
         ({"PLACECTL_TEST_HOOKS": "maybe"}, "expected 1 or 0 (true or false); default 0"),
+        (
+            {"PLACECTL_QUORUM_SAMPLE": "2"},
+            "PLACECTL_QUORUM_SAMPLE='2': expected a whole number >= 3",
+        ),
+        (
+            {"PLACECTL_FENCE_GRACE": "120", "PLACECTL_HOLD_DOWN_WINDOW": "60"},
+            "PLACECTL_HOLD_DOWN_WINDOW=60: expected at least 120 s (fence_grace 120 s, "
+            "hold_down_after 3 x suspect_after 2 s), or PLACECTL_HOLD_DOWN_AFTER=0",
+        ),
+        ({"PLACECTL_HOLD_DOWN_WINDOW": "5"}, "expected at least 6 s"),
     ],
 )
 def test_bad_values_name_the_variable_what_it_takes_and_the_default(env, message):

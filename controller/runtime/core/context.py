@@ -18,6 +18,7 @@ from controller.errors import ReservationError
 from controller.runtime.core import Tasks
 from controller.runtime.core.claims import Claims
 from controller.runtime.core.demand import Demand
+from controller.runtime.core.flaps import Flaps
 from controller.runtime.core.nodes import ClusterNodes
 from controller.runtime.core.settings import Settings
 from controller.runtime.core.state import ReservationState
@@ -134,7 +135,8 @@ class Context:
         self.settings = settings
         self.prefix = prefix
         self.incarnation = incarnation
-        self.nodes = ClusterNodes(io)
+        flaps = Flaps(settings.hold_down_after, settings.hold_down_window, settings.hold_down)
+        self.nodes = ClusterNodes(io, flaps)
         self.tasks = tasks or Tasks()
         self.stewards = Stewards(self.tasks)
         self.progress = Progress()

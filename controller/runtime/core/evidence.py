@@ -115,6 +115,15 @@ def bystanders(alive: Iterable[str], watched: set[str], own: str, heads: set[str
     return others[:k]
 
 
+def homes(watched: set[str], bystanders: Iterable[str], away: set[str], k: int) -> list[str]:
+    """Where ``k`` witnesses stand: the same few nodes while the cluster does not change
+    (one more than are asked at a time, for when one of them is the suspect), none of
+    them in doubt (``away``); none while nothing is ``watched``."""
+    if not watched:
+        return []
+    return sorted((watched | set(bystanders)) - away)[:k]
+
+
 def witnesses(
     answered: Mapping[str, str],
     suspects: set[str],

@@ -17,6 +17,7 @@ from controller.planning.cluster import ClusterView, NodeView, order_nodes
 from controller.runtime import core
 from controller.runtime.core import doubts
 from controller.runtime.core.doubts import FINAL, NodeRecord
+from controller.runtime.core.flaps import Flaps
 from controller.runtime.core.inbox import Fact, Inbox, Kind, Source
 from controller.runtime.edge import ClusterIO, NodeInfo
 from controller.state.records import Cordon
@@ -79,8 +80,9 @@ class ClusterNodes:
     (:meth:`take_applied`) and checks the jobs on those nodes.
     """
 
-    def __init__(self, io: ClusterIO) -> None:
+    def __init__(self, io: ClusterIO, flaps: Flaps | None = None) -> None:
         self._io = io
+        self.flaps = flaps or Flaps(0, 1.0, 1.0)  # the nodes held down (core.flaps)
         self.inbox = Inbox()
         self._alive: set[str] = set()
         self._draining: dict[str, float] = {}  # node -> deadline (0: none)
@@ -91,7 +93,7 @@ class ClusterNodes:
         self.dropped = 0  # facts dropped as stale or final (health, tests)
         self._version = 0  # grows whenever what the view is made of changes
         self._node_views: dict[str, dict[str, tuple[NodeInfo, NodeView]]] = {}
-        self._views: dict[str, tuple[int, ClusterView]] = {}
+        self._views: dict[str, tuple[tuple[int, int], ClusterView]] = {}
 
     # ------------------------------------------------------------ reads
     def alive(self, node_id: str) -> bool:
@@ -159,18 +161,20 @@ class ClusterNodes:
 
     def view(self, accelerator: str) -> ClusterView:
         """The nodes a plan may use, in node-rank order, built again only when they
-        changed: alive, not draining, not cordoned, not in doubt."""
+        changed: alive, not draining, not cordoned, not in doubt, not held down."""
+        held = self.flaps.held(core.now())
+        version = (self._version, self.flaps.version)
         cached = self._views.get(accelerator)
-        if cached is not None and cached[0] == self._version:
+        if cached is not None and cached[0] == version:
             return cached[1]
         cache = self._node_views.setdefault(accelerator, {})
-        out = self._draining.keys() | self._cordoned.keys()
+        out = self._draining.keys() | self._cordoned.keys() | held.keys()
         out |= {n for n, r in self._records.items() if r.phase in doubts.OUT}
         usable = [
             n for n in self._info.values() if n.node_id in self._alive and n.node_id not in out
         ]
         view = live_view(usable, accelerator, cache)
-        self._views[accelerator] = (self._version, view)
+        self._views[accelerator] = (version, view)
         return view
 
     def alive_view(self, accelerator: str) -> ClusterView:
@@ -229,6 +233,7 @@ class ClusterNodes:
 
     def _gone(self, node: str) -> None:
         self._alive.discard(node)
+        self.flaps.drop(node)
         info = self._info.get(node)
         if info is not None and info.alive:
             self._info[node] = msgspec.structs.replace(info, alive=False)

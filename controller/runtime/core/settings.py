@@ -84,6 +84,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # over a lossy link, where separate connections lose independently. A cut node
     # answers on none, and is suspected no later.
     looks: int = DOUBT_WAYS
+    # A node suspected this many times within hold_down_window is held down: out of
+    # placement (no slot, repair or held spare lands on it) for hold_down seconds, then
+    # twice as long each time it is held down again within the window after the last
+    # hold-down ended (at most 32 times hold_down). A flapping link would otherwise move
+    # the job onto the node that just came back and off it again, every cycle. Watched
+    # all the while; flapping alone never fences it. 0: never held down.
+    hold_down_after: int = 3
+    hold_down_window: float = 600.0
+    hold_down: float = 120.0
     # A caller that suspects a node (status, repair) waits for its fence at most this
     # long: a fence takes milliseconds, but a GCS slow to answer must not hold the call
     # (the fence goes on, and Ray's node event is acted on when it comes).
@@ -146,7 +155,8 @@ _LEAST: dict[str, float] = {
     "fence_grace": 0.0,
     "warm_budget": 0,
     "max_in_flight": 1,
-    "quorum_sample": 0,
+    "quorum_sample": 3,
+    "hold_down_after": 0,
     "witnesses": 1,
 }
 
@@ -210,7 +220,28 @@ def from_environ(environ: Mapping[str, str], base: Settings | None = None) -> Se
         raw = environ.get(variable(field.name))
         if raw is not None:
             values[field.name] = _parse(field.name, field.default, raw)
-    return msgspec.structs.replace(base, **values)
+    return check(msgspec.structs.replace(base, **values))
+
+
+def check(settings: Settings) -> Settings:
+    """``settings`` if they make sense together.
+
+    Raises:
+        SettingsError: a hold-down window too short to count its suspicions in: shorter
+            than ``fence_grace`` (a silence that long is fenced, not a flap) or than
+            ``hold_down_after`` suspicions of ``suspect_after`` each.
+    """
+    s = settings
+    if s.hold_down_after:
+        least = max(s.fence_grace, s.hold_down_after * s.suspect_after)
+        if s.hold_down_window < least:
+            raise SettingsError(
+                f"{variable('hold_down_window')}={s.hold_down_window:g}: expected at least "
+                f"{least:g} s (fence_grace {s.fence_grace:g} s, hold_down_after "
+                f"{s.hold_down_after} x suspect_after {s.suspect_after:g} s), or "
+                f"{variable('hold_down_after')}=0 to hold no node down"
+            )
+    return settings
 
 
 def by_name(given: Mapping[str, str]) -> dict[str, str]:

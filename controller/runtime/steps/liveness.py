@@ -119,7 +119,9 @@ class Liveness:
                 self._returning.sweep()
                 if not self.self_doubt.doubted:
                     away = set(self._nodes.in_doubt())
-                    self._io.keep_witnesses(self._witness_homes(watched, away), away)
+                    k = self.settings.witnesses + 1
+                    homes = evidence.homes(watched, self._bystanders(watched), away, k)
+                    self._io.keep_witnesses(homes, away)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -276,6 +278,10 @@ class Liveness:
         log.warning("node %s suspected: %s", where(node, info), why)
         self._state.told(ev.suspected(node, info.ip if info else "", why + _KEPT))
         self._post(node, Kind.SUSPECTED, core.now(), why)
+        if length := self._nodes.flaps.suspected(node, core.now()):  # flapping
+            what = self._nodes.flaps.why(length)
+            log.warning("node %s held down: %s", where(node, info), what)
+            self._state.told(ev.held_down(node, info.ip if info else "", what))
 
     def _post(self, node: str, kind: Kind, when: float, why: str = "") -> None:
         self._nodes.post(Fact(node=node, kind=kind, source=Source.WATCH, when=when, detail=why))
@@ -286,15 +292,6 @@ class Liveness:
             return ""
         t = topology_of(info.labels, info.resources)
         return t.rack or t.domain
-
-    def _witness_homes(self, watched: set[str], away: set[str]) -> list[str]:
-        """Where witnesses stand: the same few nodes while the cluster does not change
-        (one more than are asked at a time, for when one of them is the suspect), none
-        of them in doubt (``away``); none while nothing is watched."""
-        if not watched:
-            return []
-        k = self.settings.witnesses + 1
-        return sorted((watched | set(self._bystanders(watched))) - away)[:k]
 
     def _bystanders(self, watched: set[str]) -> list[str]:
         heads = {n for n in self._nodes.alive_ids() if (i := self._nodes.info(n)) and i.is_head}
