@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+import pytest
 
+from clients.testing.fake_cluster import FakeCluster
 from controller.runtime.core import evidence
 from controller.runtime.core.settings import FAST
 from controller.runtime.edge.answers import CallDenied
@@ -207,6 +209,62 @@ def test_a_refused_fence_is_tried_again_and_goes_through_once_mended():
         await until(lambda: lost in fake.fenced, timeout=15)
         await until(lambda: stored(fake, "j").epoch == 2)
         assert "gcs" not in (await ctl.health())["denied"]
+        await ctl.stop()
+
+    run(go())
+
+
+RACK = "placectl.io/rack"
+
+
+def _racked(nodes: int, per_rack: int) -> FakeCluster:
+    """A head and ``nodes`` nodes of 4 GPUs in racks of ``per_rack``."""
+    fake = FakeCluster()
+    fake.add_node(num_gpus=0, num_cpus=2, head=True)
+    for i in range(nodes):
+        fake.add_node(num_gpus=4, num_cpus=4, labels={RACK: f"r{i // per_rack:03d}"})
+    return fake
+
+
+@pytest.mark.parametrize("polling", [False, True], ids=["alone", "a driver polling"])
+def test_a_silent_rack_of_18_among_1000_nodes_is_suspected_in_seconds(polling):
+    """A job on all 18 nodes of one rack, the rack cut off. The controller's doubt in
+    itself is judged over a sample of the whole cluster spread over its racks, not over
+    the job's nodes: the rack is a minority of it, so every node is suspected and the
+    job moves, whether a driver asks for verdicts meanwhile or not."""
+
+    async def go():
+        fake = _racked(1000, 18)
+        ctl = await controller(fake, RULE)
+        await ctl.reserve("j", spec("0-71", num_nodes=19))
+        rack = stored(fake, "j").node_ids()
+        assert len(rack) == 18
+        assert len({fake.nodes_by_id[n].info.labels[RACK] for n in rack}) == 1
+        fake.cut.update(rack)
+        loop = asyncio.get_running_loop()
+        cut_at = loop.time()
+        polls = [0]
+
+        async def poll():
+            while True:
+                await ctl.verdicts("j")
+                polls[0] += 1
+                await asyncio.sleep(0.05)
+
+        poller = asyncio.ensure_future(poll()) if polling else None
+        record = await until(
+            lambda: (r := stored(fake, "j")).state == "ready" and r.node_ids().isdisjoint(rack)
+            and r,
+            timeout=30,
+        )  # fmt: skip
+        took = loop.time() - cut_at
+        if poller is not None:
+            poller.cancel()
+            assert polls[0] >= 3
+        assert took < 10 * RULE.suspect_after, took
+        assert _kinds(fake).count("cut_off") == 0
+        assert _kinds(fake).count("suspected") == 18
+        assert len(record.node_ids()) == 18 and fake.fenced == {}
         await ctl.stop()
 
     run(go())

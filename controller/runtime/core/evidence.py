@@ -6,8 +6,12 @@ of every job over a blip that Ray itself survives (measured on hosts in network
 namespaces: an 8 s cut of the head's link, Ray alone lost nothing). So a silence
 becomes a suspicion only with evidence from elsewhere, the rule SWIM uses:
 
-1. **Quorum.** Each sweep asks the raylets of the watched nodes and of up to
-   ``settings.quorum_sample`` other nodes. The controller counts itself as one node
+1. **Quorum.** Each sweep of the watch asks, beside the watched nodes, a sample of
+   ``settings.quorum_sample`` nodes of the whole cluster spread over its racks
+   (:func:`sample`: the same nodes while the cluster does not change), and only the
+   sample's answers judge the controller itself: a job, or a rack, gone silent together
+   is a minority of the sample however many nodes it holds; a caller's sweep (a driver
+   asking for verdicts) judges nothing of it. The controller counts itself as one node
    that reached itself; a node reached is one that gave any answer (``ok``,
    ``denied``, ``refused``: even a refusal comes from that host's kernel). With no
    strict majority reached, the controller **suspects itself** (:class:`SelfDoubt`): it
@@ -46,6 +50,7 @@ Pure helpers and one awaited fan-out; imports no Ray.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -100,6 +105,19 @@ class SelfDoubt:
         self.since, self._good = None, 0
         return "ended"
 
+    @staticmethod
+    def said(change: str, reached: int, asked: int, was: float | None) -> str:
+        """What to say of a ``change`` of :meth:`sample` (``was``: when the doubt that
+        ended began)."""
+        if change == "began":
+            return (
+                f"the controller reaches {reached} of {asked} node(s) it asked: it "
+                "suspects itself and suspects and fences no silent node; Ray's health "
+                "checks decide"
+            )
+        lasted = core.wall() - (was or core.wall())
+        return f"the controller reaches {reached} of {asked} node(s) again after {lasted:.1f}s"
+
     def shown(self) -> dict | None:
         """What ``health()`` shows: since when, and what the first sample reached."""
         if self.since is None:
@@ -107,21 +125,36 @@ class SelfDoubt:
         return {"since": self.since, "reached": self.reached, "asked": self.asked}
 
 
-def bystanders(alive: Iterable[str], watched: set[str], own: str, heads: set[str], k: int):
-    """Up to ``k`` alive nodes outside ``watched`` (never the controller's own node or
-    a head), asked beside the watched ones so that a quorum means something when a job
-    holds few nodes; the same ones each sweep (sorted), so their answers compare."""
-    others = sorted(n for n in alive if n not in watched and n != own and n not in heads)
-    return others[:k]
+def sample(nodes: Iterable[str], k: int, side: Callable[[str], str] = lambda n: "") -> list[str]:
+    """The quorum's sample of the whole cluster from ``nodes`` (the alive ones, the
+    controller's own and the heads left out): all of them in a cluster of at most
+    ``2k + 1``, else ``k``, one per side in turn (``side(node)``: its rack or NVLink
+    domain), so that a rack or a job gone silent together is a minority of it however
+    many of the nodes watched it holds. In an order of their ids' hashes, not of the
+    ids, which placement follows; the same nodes each sweep while the cluster does not
+    change, so their answers compare."""
+    nodes = sorted(nodes)
+    if len(nodes) <= 2 * k + 1:
+        return nodes
+    by_side: dict[str, list[str]] = {}
+    for n in sorted(nodes, key=lambda n: hashlib.blake2b(n.encode(), digest_size=8).digest()):
+        by_side.setdefault(side(n), []).append(n)
+    chosen: list[str] = []
+    queues = [by_side[s] for s in sorted(by_side)]
+    while len(chosen) < k:
+        for q in queues:
+            if q and len(chosen) < k:
+                chosen.append(q.pop(0))
+    return chosen
 
 
-def homes(watched: set[str], bystanders: Iterable[str], away: set[str], k: int) -> list[str]:
+def homes(watched: set[str], sampled: Iterable[str], away: set[str], k: int) -> list[str]:
     """Where ``k`` witnesses stand: the same few nodes while the cluster does not change
     (one more than are asked at a time, for when one of them is the suspect), none of
     them in doubt (``away``); none while nothing is ``watched``."""
     if not watched:
         return []
-    return sorted((watched | set(bystanders)) - away)[:k]
+    return sorted((watched | set(sampled)) - away)[:k]
 
 
 def witnesses(
@@ -279,8 +312,8 @@ __all__ = [
     "Opinion",
     "SelfDoubt",
     "Witnessing",
-    "bystanders",
     "confirmed",
     "cut_off",
+    "sample",
     "witnesses",
 ]

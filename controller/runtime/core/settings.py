@@ -70,9 +70,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # have kept; a blip shorter than it costs no node. Shorter trades nodes lost to blips
     # for GPUs freed sooner from a machine that is really gone (its slots moved anyway).
     fence_grace: float = 0.0
-    # Beside the nodes it watches, the controller asks up to this many other nodes each
-    # sweep: its quorum (controller.runtime.core.evidence). Reaching no strict majority of
-    # the nodes asked, it suspects itself (its own link is down) and fences nothing.
+    # Each sweep the controller also asks a sample of the whole cluster: this many nodes
+    # spread over its racks (every node of a cluster of at most twice this and one), its
+    # quorum (controller.runtime.core.evidence). Reaching no strict majority of the
+    # sample, it suspects itself (its own link is down) and fences nothing.
     quorum_sample: int = 4
     # A node silent past suspect_after is suspected only if this many other nodes that
     # answer the controller (or those of them that reply) cannot reach its raylet either;

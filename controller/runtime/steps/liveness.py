@@ -115,12 +115,12 @@ class Liveness:
                 for node in set(self._seen) - watched:  # released: its doubts go too, so
                     del self._seen[node]  # a later reservation there starts afresh
                     self.witnessing.drop(node)
-                await self.sweep(watched)
+                await self.sweep(watched, judge_self=True)
                 self._returning.sweep()
                 if not self.self_doubt.doubted:
                     away = set(self._nodes.in_doubt())
                     k = self.settings.witnesses + 1
-                    homes = evidence.homes(watched, self._bystanders(watched), away, k)
+                    homes = evidence.homes(watched, self._sample(), away, k)
                     self._io.keep_witnesses(homes, away)
             except asyncio.CancelledError:
                 raise
@@ -144,14 +144,17 @@ class Liveness:
             if n in self._nodes and n != own and not ((i := self._nodes.info(n)) and i.is_head)
         }
 
-    async def sweep(self, node_ids: set[str]) -> set[str]:
-        """Ask each node's raylet once, and a few others beside them (the quorum,
-        :mod:`controller.runtime.core.evidence`); post what each answered; suspect, or
-        start the fence of, those the evidence condemns (a caller waits for a fence with
-        :meth:`fences`). Returns the nodes whose fence runs."""
+    async def sweep(self, node_ids: set[str], judge_self: bool = False) -> set[str]:
+        """Ask each node's raylet once, and the quorum's sample of the cluster beside
+        them (:mod:`controller.runtime.core.evidence`); post what each answered; suspect,
+        or start the fence of, those the evidence condemns (a caller waits for a fence
+        with :meth:`fences`). With ``judge_self`` (the watch's own sweeps, never a
+        caller's), the sample's answers say whether the controller suspects itself.
+        Returns the nodes whose fence runs."""
         if not node_ids:
             return set()
-        asked = set(node_ids) | set(self._bystanders(node_ids))
+        sample = set(self._sample())
+        asked = set(node_ids) | sample
         addresses = {}
         for n in sorted(asked):
             info = self._nodes.info(n)
@@ -168,7 +171,9 @@ class Liveness:
         sent = core.now()
         got = await self._io.node_answers(addresses, self.settings.liveness_timeout, why, ways)
         first = {n: a for n, a in got.items() if not n.endswith(_SECOND)}
-        self._judge_self(sum(a in REACHED for a in first.values()), len(first))
+        if judge_self:
+            heard = [first[n] for n in sample if n in first]
+            self._judge_self(sum(a in REACHED for a in heard), len(heard))
         silent: dict[str, str] = {}
         for node in sorted(set(first) & set(node_ids)):
             e = self._seen.setdefault(node, evidence.Evidence())
@@ -293,11 +298,13 @@ class Liveness:
         t = topology_of(info.labels, info.resources)
         return t.rack or t.domain
 
-    def _bystanders(self, watched: set[str]) -> list[str]:
-        heads = {n for n in self._nodes.alive_ids() if (i := self._nodes.info(n)) and i.is_head}
-        own = self._io.own_node()
-        k = self.settings.quorum_sample
-        return evidence.bystanders(self._nodes.alive_ids(), watched, own, heads, k)
+    def _sample(self) -> list[str]:
+        """The quorum's sample: the same few alive nodes of the whole cluster each sweep
+        while it does not change, spread over its racks (:func:`evidence.sample`)."""
+        alive = self._nodes.alive_ids()
+        heads = {n for n in alive if (i := self._nodes.info(n)) and i.is_head}
+        own, k = self._io.own_node(), self.settings.quorum_sample
+        return evidence.sample(alive - heads - {own}, k, self._side)
 
     def _unwitnessed(self, node: str, chosen: list[str]) -> None:
         e = self._seen[node]
@@ -317,19 +324,11 @@ class Liveness:
         time), and trust it again once sweeps reach one (:class:`SelfDoubt`)."""
         was = self.self_doubt.since
         change = self.self_doubt.sample(reached, asked)
-        if change == "began":
-            self._io.metrics.fence("withheld")
-            what = (
-                f"the controller reaches {reached} of {asked} node(s) it asked: it "
-                "suspects itself and suspects and fences no silent node; Ray's health "
-                "checks decide"
-            )
-            log.error("%s", what)
-            self._state.told(ev.cut_off(what))
-        elif change == "ended":
-            lasted = core.wall() - (was or core.wall())
-            what = f"the controller reaches {reached} of {asked} node(s) again after {lasted:.1f}s"
-            log.warning("%s", what)
+        if change:
+            what = self.self_doubt.said(change, reached, asked, was)
+            if change == "began":
+                self._io.metrics.fence("withheld")
+            log.log(logging.ERROR if change == "began" else logging.WARNING, "%s", what)
             self._state.told(ev.cut_off(what))
 
     # ------------------------------------------------------------ callers
