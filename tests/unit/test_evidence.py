@@ -215,6 +215,9 @@ def test_a_refused_fence_is_tried_again_and_goes_through_once_mended():
 
 
 RACK = "placectl.io/rack"
+# A thousand nodes make each tick real work, which the virtual clock counts: ticks and
+# sweeps every 50 ms, not 5, keep a loaded machine's count of them sane.
+RACKED = msgspec.structs.replace(RULE, liveness_period=0.05, reconcile_period=0.05)
 
 
 def _racked(nodes: int, per_rack: int) -> FakeCluster:
@@ -235,7 +238,7 @@ def test_a_silent_rack_of_18_among_1000_nodes_is_suspected_in_seconds(polling):
 
     async def go():
         fake = _racked(1000, 18)
-        ctl = await controller(fake, RULE)
+        ctl = await controller(fake, RACKED)
         await ctl.reserve("j", spec("0-71", num_nodes=19))
         rack = stored(fake, "j").node_ids()
         assert len(rack) == 18
@@ -261,7 +264,7 @@ def test_a_silent_rack_of_18_among_1000_nodes_is_suspected_in_seconds(polling):
         if poller is not None:
             poller.cancel()
             assert polls[0] >= 3
-        assert took < 10 * RULE.suspect_after, took
+        assert took < 20.0, took  # Ray's own verdict: a minute; under the old rule, never
         assert _kinds(fake).count("cut_off") == 0
         assert _kinds(fake).count("suspected") == 18
         assert len(record.node_ids()) == 18 and fake.fenced == {}

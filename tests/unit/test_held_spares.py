@@ -5,6 +5,8 @@ is leaked, swept or counted twice."""
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import pytest
 
@@ -302,6 +304,63 @@ def test_a_job_name_reserved_again_holds_its_spares_at_once_with_nothing_of_the_
         await ctl.reserve("j", with_spares(1), 5)
         rec = await held(fake, "j")
         assert rec.spares_short == "" and info(await ctl.status("j")).spares_short == ""
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_degraded_job_takes_the_free_node_before_another_job_holds_it_as_a_spare():
+    """One free node; at once a job's node dies (it needs that node) and another job's
+    held spare's node dies (the Holder would hold the next spare there). The repair
+    comes first: the degraded job is whole again on the free node, and the other job
+    holds no spare until a node is free."""
+
+    async def go():
+        fake = cluster(gpu_nodes=4)
+        ctl = await controller(fake)
+        await ctl.reserve("b", spec("8-11", num_nodes=5), 5)  # node rank 3
+        await ctl.reserve("a", with_spares(1, "0-3", num_nodes=5), 5)  # node rank 1
+        spare = (await held(fake, "a")).spares[0].node_id
+        lost = stored(fake, "b").slots[0].node_id
+        used = {stored(fake, "a").slots[0].node_id, spare, lost}
+        (free,) = [n for n in fake.alive() if n not in used and n != fake.own_node()]
+        fake.kill_node(spare)
+        fake.kill_node(lost)
+        b = await until(lambda: (r := stored(fake, "b")).epoch == 2 and r, timeout=10)
+        assert b.state == "ready" and b.node_ids() == {free}
+        await asyncio.sleep(0.5)
+        assert stored(fake, "a").spares == [] and stored(fake, "a").state == "ready"
+        await ctl.stop()
+
+    run(go())
+
+
+def test_a_node_lost_while_another_job_is_holding_the_free_node_as_its_spare_gets_it():
+    """The held spare's node dies first and the Holder starts holding the next spare on
+    the one free node (its group being made); then another job's node dies. The repair
+    of a degraded job comes before a spare: that job is whole again on the free node
+    (the spare made meanwhile given up), and the first job holds none until one is free."""
+
+    async def go():
+        fake = cluster(gpu_nodes=4)
+        ctl = await controller(fake)
+        await ctl.reserve("b", spec("8-11", num_nodes=5), 5)  # node rank 3
+        await ctl.reserve("a", with_spares(1, "0-3", num_nodes=5), 5)  # node rank 1
+        spare = (await held(fake, "a")).spares[0].node_id
+        lost = stored(fake, "b").slots[0].node_id
+        used = {stored(fake, "a").slots[0].node_id, spare, lost}
+        (free,) = [n for n in fake.alive() if n not in used and n != fake.own_node()]
+        fake.create_delay = 0.5  # the next spare's group takes a moment to make
+        made = fake.calls["create_group"]
+        fake.kill_node(spare)
+        await until(lambda: fake.calls["create_group"] > made)  # asked for, being made
+        fake.kill_node(lost)
+        b = await until(
+            lambda: (r := stored(fake, "b")).epoch == 2 and r.state == "ready" and r, timeout=10
+        )
+        assert b.node_ids() == {free}
+        await asyncio.sleep(1.0)
+        assert stored(fake, "a").spares == [] and stored(fake, "a").state == "ready"
         await ctl.stop()
 
     run(go())

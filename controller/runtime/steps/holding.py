@@ -35,7 +35,7 @@ from controller.runtime.core.context import Context
 from controller.runtime.core.stewards import Trigger
 from controller.runtime.edge import CREATED
 from controller.state.queueing import usage
-from controller.state.records import AUTO, READY, ReservationRecord, SlotRecord
+from controller.state.records import AUTO, DEGRADED, READY, ReservationRecord, SlotRecord
 from controller.state.spares import (
     choose_spare,
     copied_rank,
@@ -50,6 +50,10 @@ from controller.state.wants import for_spare
 log = logging.getLogger("placectl.controller")
 
 HOLD = "hold"  # the demand key's kind: hold/<job>, spares asked of the autoscaler
+
+
+class _GivenUp(Exception):
+    """The spares just made are given up: a repair needs their nodes."""
 
 
 class Holder:
@@ -195,6 +199,21 @@ class Holder:
         ]
         return max(0, min(fits)) if fits else None
 
+    def _repairs_first(self, res: ReservationRecord, holds: int) -> bool:
+        """Whether another reservation is degraded and repairs itself: the free nodes
+        are its first (a spare is insurance, its loss is now), so ``res`` takes no new
+        spare until no repair waits (said, and tried again after ``repair_retry``)."""
+        waiting = sorted(
+            r.job for r in self._state.records.values()
+            if r.job != res.job and r.state == DEGRADED and r.repair == AUTO
+        )  # fmt: skip
+        if not waiting:
+            return False
+        quoted = ", ".join(map(repr, waiting))
+        self._say_short(res, holds, f"the repair of {quoted} comes first; tried again after")
+        self._after[res.job] = core.now() + self.settings.repair_retry
+        return True
+
     def _say_short(self, res: ReservationRecord, holds: int, why: str) -> None:
         """Keep why ``res`` holds fewer spares than it asks, for its record (status,
         events); logged once, not at every retry."""
@@ -227,6 +246,8 @@ class Holder:
             n = room
             if n <= 0:
                 return []
+        if self._repairs_first(res, len(kept)):
+            return []
         await self._nodes.refresh()
         draining = self._nodes.draining
         live = [
@@ -288,9 +309,14 @@ class Holder:
             fresh = await groups.create_and_wait(
                 self._io, res.job, fresh, deadline, lambda m: None, created
             )
-            return await groups.probe(self._io, res.job, fresh, res.spec.accelerator, deadline)
-        except BaseException:
+            fresh = await groups.probe(self._io, res.job, fresh, res.spec.accelerator, deadline)
+            if self._repairs_first(res, len(kept)):  # a node was lost meanwhile
+                raise _GivenUp
+            return fresh
+        except BaseException as e:
             await groups.remove_verified(
                 self._io, set(created.values()), self.settings.removal_timeout
             )
+            if isinstance(e, _GivenUp):
+                return []
             raise
