@@ -103,6 +103,34 @@ def test_two_sweeps_before_the_loop_settles_suspect_a_node_once():
     run(go())
 
 
+def test_a_node_whose_fence_is_posted_is_not_suspected_again():
+    """Silent past its grace, a node is suspected and fenced by one sweep; the next
+    sweep, before the loop settles the fence, finds it fenced, not healthy: no second
+    `suspected` (a loaded head told every node of a silent rack twice)."""
+
+    async def go():
+        fake = cluster(gpu_nodes=3)
+        slow_watch = msgspec.structs.replace(RULE, liveness_period=60.0)  # the test sweeps
+        ctl = await _reserved(fake, slow_watch)
+        watch = ctl.ops.liveness
+        lost = stored(fake, "j").slots[0].node_id
+        fake.cut.add(lost)
+        await watch.sweep({lost})
+        began = watch.evidence(lost).silent_since
+        await until(lambda: watch.witnessing.since(lost, began) is not None)
+        loop = asyncio.get_running_loop()
+        await until(lambda: loop.time() - began >= RULE.fence_grace, timeout=10)
+        await watch.sweep({lost})  # suspects it and starts its fence at once
+        await asyncio.sleep(0)  # the fence is told and posted; the loop has not settled
+        await watch.sweep({lost})
+        said = [e.message for e in fake.metrics.events if e.kind == "suspected"]
+        assert len(said) == 1, said
+        await until(lambda: lost in fake.fenced)
+        await ctl.stop()
+
+    run(go())
+
+
 def test_the_head_cut_off_fences_nothing_and_says_so():
     async def go():
         fake = cluster(gpu_nodes=3)
@@ -217,7 +245,11 @@ def test_a_refused_fence_is_tried_again_and_goes_through_once_mended():
 RACK = "placectl.io/rack"
 # A thousand nodes make each tick real work, which the virtual clock counts: ticks and
 # sweeps every 50 ms, not 5, keep a loaded machine's count of them sane.
-RACKED = msgspec.structs.replace(RULE, liveness_period=0.05, reconcile_period=0.05)
+# The grace of a minute: the test is about suspicion, and a loaded machine's ticks can
+# take seconds of the virtual clock.
+RACKED = msgspec.structs.replace(
+    RULE, liveness_period=0.05, reconcile_period=0.05, fence_grace=60.0
+)
 
 
 def _racked(nodes: int, per_rack: int) -> FakeCluster:

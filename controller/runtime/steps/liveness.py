@@ -245,8 +245,8 @@ class Liveness:
                 self._unwitnessed(node, chosen)  # nobody replied, or nobody to ask
             return ""
         # Judged by what the watch's own posts make of the node, not by what the view
-        # applied last: one suspicion is posted and told once.
-        if self._nodes.next_phase(node) not in (doubts.SUSPECTED, doubts.MOVED):
+        # applied last: one suspicion is posted and told once, none of a node fenced.
+        if self._nodes.next_phase(node) in (doubts.HEALTHY, doubts.SILENT, doubts.BACK):
             self._suspect(node, opinion.says(silent_for))
         if silent_for >= self.grace:
             why = (
