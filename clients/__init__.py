@@ -36,6 +36,7 @@ _LAZY = {
     "UnknownReservation": "controller.errors",
     "ControllerNotFound": "controller.errors",
     "StaleWeights": "clients.weights",  # the weights-version guard's
+    "PushTimeout": "clients.weights",
 }
 
 __all__ = sorted(_LAZY)

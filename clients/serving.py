@@ -107,19 +107,36 @@ class Serving:
         return {r: live[r] for r, v in weights.versions(live).items() if v == version}
 
     def push(
-        self, method: str, *args: Any, version: int, timeout: float | None = None, **kwargs: Any
+        self,
+        method: str,
+        *args: Any,
+        version: int,
+        timeout: float = weights.PUSH_TIMEOUT_S,
+        **kwargs: Any,
     ) -> dict[int, Any]:
-        """The job's weight push: call ``method`` (which loads the weights and calls
-        :func:`clients.weights.hold`) on every live rank, wait, and check each now says
-        it holds ``version``. Returns each rank's result.
+        """The job's weight push: tell every live rank a load begins (it holds no
+        version until its load says it does: a torn load serves nothing), call
+        ``method`` (which loads the weights and calls :func:`clients.weights.hold`) on
+        each, wait at most ``timeout`` seconds, and check each now says it holds
+        ``version``. Returns each rank's result.
 
         Raises:
+            PushTimeout: some loads did not finish within ``timeout`` (named).
             StaleWeights: a rank does not say ``version`` after its load.
         """
         live = self.live
-        refs = {r: getattr(a, method).remote(*args, **kwargs) for r, a in live.items()}
-        got = dict(zip(refs, ray.get(list(refs.values()), timeout=timeout), strict=True))
         label = f"{self.reservation.job}/{self.component}"
+        weights.begin(live, version)
+        refs = {r: getattr(a, method).remote(*args, **kwargs) for r, a in live.items()}
+        _, late = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
+        if late:
+            stuck = sorted(r for r, ref in refs.items() if ref in late)
+            raise weights.PushTimeout(
+                f"{label}: ranks {stuck} did not finish {method}() of weights version "
+                f"{version} within {timeout:g}s; they hold no version until a push to them "
+                "completes (repair() or restart() them if they are stuck)"
+            )
+        got = dict(zip(refs, ray.get(list(refs.values())), strict=True))
         weights.refuse_stale(label, list(live), weights.versions(live), version)
         return got
 

@@ -6,6 +6,10 @@ start, or none: work sent to it would be generated with stale weights, silently.
 
 * **A rank says which version it holds.** The worker's own load method calls
   :func:`hold` once it has the weights; :func:`held` reads it (``None``: none yet).
+  Before a push sends the load, each rank is told the load begins (:func:`begin`): it
+  holds no version from then until its load says :func:`hold`, so a load that dies
+  half-way (an exception, a lost peer of its broadcast) leaves a rank that refuses all
+  work, never one that serves the old version with half the new weights.
 * **The worker refuses stale work.** A work method calls :func:`require` first, which
   raises :class:`StaleWeights` naming both versions.
 * **The group refuses it before sending.** ``WorkerGroup.serving(version)`` gives the
@@ -25,6 +29,7 @@ from typing import Any
 from controller import PlacementError
 
 _held: int | None = None  # this process's, set by the worker's own code
+_loading: int | None = None  # the version a push is loading here, until hold() says so
 
 
 class StaleWeights(PlacementError):
@@ -33,8 +38,15 @@ class StaleWeights(PlacementError):
 
 def hold(version: int) -> None:
     """In a worker: it now holds the weights of ``version``."""
-    global _held
-    _held = version
+    global _held, _loading
+    _held, _loading = version, None
+
+
+def _begin_here(_instance: Any, version: int) -> None:
+    """Run inside a worker (``__ray_call__``) as a push begins: it holds no version until
+    its load says :func:`hold` (a torn load holds none)."""
+    global _held, _loading
+    _held, _loading = None, version
 
 
 def held() -> int | None:
@@ -45,9 +57,10 @@ def held() -> int | None:
 def require(version: int) -> None:
     """In a worker, before work: raise :class:`StaleWeights` unless it holds ``version``."""
     if _held != version:
+        loading = f" (a load of version {_loading} began and did not finish)" if _loading else ""
         raise StaleWeights(
-            f"this rank holds the weights of version {_held}, the work is for version "
-            f"{version}: the job pushes its weights to it first"
+            f"this rank holds the weights of version {_held}{loading}, the work is for "
+            f"version {version}: the job pushes its weights to it first"
         )
 
 
@@ -59,6 +72,27 @@ def _held_here(_instance: Any) -> int | None:
 # A rank that does not say its version within this long is busy in a call it never ends
 # (hung) or unreachable: it is left out, as one whose process died is.
 ASK_TIMEOUT_S = 10.0
+# How long a push waits for every rank's load by default: a model's weights take
+# seconds to minutes to load; a load still running after this is stuck (a peer of its
+# broadcast lost, a hung device), and the push says which ranks rather than wait on.
+PUSH_TIMEOUT_S = 600.0
+
+
+class PushTimeout(StaleWeights):
+    """A push's loads did not all finish within its bound: the ranks named hold no
+    version until a push to them completes."""
+
+
+def begin(actors: dict[int, Any], version: int, timeout: float = ASK_TIMEOUT_S) -> None:
+    """Tell each rank a load of ``version`` begins (:func:`_begin_here`), and wait for
+    them to have heard it, so that the load, sent after, never runs before it. A rank
+    that does not hear it within ``timeout`` gets the load all the same (the push's
+    check after the load finds it)."""
+    import ray
+
+    refs = [a.__ray_call__.remote(_begin_here, version) for a in actors.values()]
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=timeout)
 
 
 def versions(actors: dict[int, Any], timeout: float = ASK_TIMEOUT_S) -> dict[int, int | None]:

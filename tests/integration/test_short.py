@@ -41,6 +41,16 @@ class Engine:
         clients.weights.hold(version)
         return version
 
+    def load_torn(self, version: int, dies: int) -> int:
+        """A load that dies half-way on rank ``dies`` (its weights partly overwritten)."""
+        if int(os.environ["RANK"]) == dies:
+            raise RuntimeError("the broadcast's peer was lost half-way")
+        return self.load(version)
+
+    def load_slow(self, version: int, seconds: float) -> int:
+        time.sleep(seconds if os.environ["RANK"] == "0" else 0)
+        return self.load(version)
+
     def generate(self, prompts: list[int], version: int) -> list[int]:
         clients.weights.require(version)
         return [p * 10 for p in prompts]
@@ -48,6 +58,31 @@ class Engine:
     def seen(self) -> dict:
         ctx = ray.get_runtime_context()
         return {"pid": os.getpid(), "node": ctx.get_node_id(), "rank": os.environ["RANK"]}
+
+
+def test_a_torn_load_serves_nothing_and_a_stuck_push_says_which_ranks(cluster):
+    """The weights guard over real pushes: a load that dies half-way on one rank leaves
+    it holding no version (it refuses the old version's work too, and serving() leaves
+    it out), and a push whose load does not finish within its timeout raises naming
+    the rank, rather than wait on."""
+    ctl = clients.connect()
+    try:
+        res = ctl.reserve(f"{JOB}-push", CONF, timeout_s=120)
+        group = clients.WorkerGroup.launch(res, "rollout", Engine)
+        group.push("load", 1, version=1)
+        with pytest.raises(ray.exceptions.RayTaskError, match="lost half-way"):
+            group.push("load_torn", 2, 1, version=2)
+        assert group.versions() == {0: 2, 1: None, 2: 2, 3: 2}
+        assert sorted(group.serving(1)) == []  # none serves the old version any more
+        with pytest.raises(ray.exceptions.RayTaskError, match="a load of version 2 began"):
+            ray.get(group.live[1].generate.remote([0], 1))
+        started = time.monotonic()
+        with pytest.raises(clients.PushTimeout, match=r"ranks \[0\] did not finish load_slow"):
+            group.push("load_slow", 3, 30.0, version=3, timeout=3)
+        assert time.monotonic() - started < 15
+        group.shutdown()
+    finally:
+        ctl.release_all()
 
 
 def test_a_hung_node_Ray_calls_alive_costs_its_ranks_at_once(cluster):

@@ -13,6 +13,7 @@ from clients import weights
 @pytest.fixture(autouse=True)
 def _fresh_process(monkeypatch):
     monkeypatch.setattr(weights, "_held", None)
+    monkeypatch.setattr(weights, "_loading", None)
 
 
 def test_a_rank_holds_nothing_until_it_says_so_and_refuses_work_meanwhile():
@@ -34,3 +35,23 @@ def test_the_group_refuses_naming_each_rank_not_at_the_version():
     assert "rank 1: None, rank 2: no answer, rank 3: 6" in said
     assert said.startswith("job/rollout: ranks not at weights version 7")
     assert isinstance(info.value, clients.PlacementError)
+
+
+def test_a_load_begun_and_torn_holds_no_version_and_refuses_the_old_ones_work():
+    """A push tells the rank a load begins before it sends the load: until the load
+    says hold(), the rank holds nothing, so one that dies half-way (its old weights
+    partly overwritten) serves neither version."""
+    weights.hold(1)
+    weights._begin_here(None, 2)  # what a push runs in each rank first
+    assert weights.held() is None
+    with pytest.raises(clients.StaleWeights, match=r"a load of version 2 began and did not"):
+        weights.require(1)
+    weights.hold(2)  # the load finished
+    weights.require(2)
+    with pytest.raises(clients.StaleWeights, match=r"version 2, the work is for version 1"):
+        weights.require(1)
+
+
+def test_a_push_timeout_is_stale_weights_and_a_placement_error():
+    assert issubclass(clients.PushTimeout, clients.StaleWeights)
+    assert issubclass(clients.PushTimeout, clients.PlacementError)
