@@ -6,8 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-import ray
-
+from clients.ray_state import gcs
 from controller.state.table import KV_NAMESPACE, kv_prefix
 from controller.surface import gcs_retry, gcs_unavailable
 
@@ -27,14 +26,10 @@ class RayTable:
         self._ns = KV_NAMESPACE.encode() if isinstance(KV_NAMESPACE, str) else KV_NAMESPACE
         self._say = say or (lambda m: print(f"placectl: {m}", file=sys.stderr, flush=True))
 
-    @staticmethod
-    def _gcs():
-        return ray._private.worker.global_worker.gcs_client
-
     def get(self, k: bytes) -> bytes | None:
         full = self._prefix + k
         return gcs_retry(
-            lambda t: self._gcs().internal_kv_get(full, self._ns, timeout=t),
+            lambda t: gcs().internal_kv_get(full, self._ns, timeout=t),
             "reading the reservation table",
             self._say,
             gcs_unavailable,
@@ -43,7 +38,7 @@ class RayTable:
     def keys(self, prefix: bytes) -> list[bytes]:
         full = self._prefix + prefix
         found = gcs_retry(
-            lambda t: self._gcs().internal_kv_keys(full, self._ns, timeout=t),
+            lambda t: gcs().internal_kv_keys(full, self._ns, timeout=t),
             "reading the reservation table",
             self._say,
             gcs_unavailable,
@@ -60,7 +55,7 @@ class RayTable:
         wanted = [NodeID.from_hex(n) for n in node_ids]
         try:
             alive = gcs_retry(
-                lambda t: self._gcs().check_alive(wanted, t),
+                lambda t: gcs().check_alive(wanted, t),
                 "asking which nodes are alive",
                 self._say,
                 gcs_unavailable,

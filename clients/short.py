@@ -38,6 +38,7 @@ import msgspec
 import ray
 
 from clients.launching import WORKER_NAMESPACE
+from clients.ray_state import gcs
 from clients.reservation import Reservation
 from controller import PlacementError, ReservationTimeout
 
@@ -58,17 +59,13 @@ class ShortRecord(msgspec.Struct, frozen=True, kw_only=True):
 _RECORD = msgspec.json.Decoder(ShortRecord)
 
 
-def _gcs():
-    return ray._private.worker.global_worker.gcs_client
-
-
 def _key(job: str, component: str) -> bytes:
     return _KV_PREFIX + f"{job}/{component}".encode()
 
 
 def short_record(job: str, component: str) -> ShortRecord | None:
     """The group of ``job``/``component`` running short, or None (one GCS read)."""
-    got = _gcs().internal_kv_get(_key(job, component), WORKER_NAMESPACE.encode())
+    got = gcs().internal_kv_get(_key(job, component), WORKER_NAMESPACE.encode())
     return None if got is None else _RECORD.decode(got)
 
 
@@ -255,7 +252,7 @@ class Replacements:
         key, ns = _key(self.reservation.job, self.component), WORKER_NAMESPACE.encode()
         with contextlib.suppress(Exception):  # a record is for status: never fails a step
             if not self.lost:
-                _gcs().internal_kv_del(key, False, ns)
+                gcs().internal_kv_del(key, False, ns)
                 return
             if ready is None:
                 prepared = [r for r in self.lost if r in self.roster.prepared]
@@ -268,4 +265,4 @@ class Replacements:
             record = ShortRecord(
                 ranks=self.ranks, since=min(self.lost.values()), ready=sorted(ready)
             )
-            _gcs().internal_kv_put(key, msgspec.json.encode(record), True, ns)
+            gcs().internal_kv_put(key, msgspec.json.encode(record), True, ns)

@@ -39,6 +39,7 @@ from typing import Any
 import ray
 
 from clients.launching import WORKER_NAMESPACE, detached_worker, worker_name
+from clients.ray_state import actor_entry, gcs
 from controller import PlacementError
 from controller.state.assignments import Assignment
 from controller.state.standbys import STANDBY
@@ -128,28 +129,24 @@ def standby_states(reservation: Any) -> dict[str, list[tuple[Assignment, str]]]:
             except ValueError:
                 rows.append((a, MISSING))
                 continue
-            entry = ray._private.state.state.actor_table(actor._actor_id.hex()) or {}
+            entry = actor_entry(actor)
             state = entry.get("State")
             said = READY if state == "ALIVE" else STARTING if state in _STARTING else MISSING
             rows.append((a, said))
     return out
 
 
-def _gcs():
-    return ray._private.worker.global_worker.gcs_client
-
-
 def promoted_as(name: str) -> str | None:
     """What the detached standby ``name`` was promoted to (``"<epoch>:<rank>"``), or
     None while it is a standby (one GCS read)."""
-    got = _gcs().internal_kv_get(_KV_PREFIX + name.encode(), WORKER_NAMESPACE.encode())
+    got = gcs().internal_kv_get(_KV_PREFIX + name.encode(), WORKER_NAMESPACE.encode())
     return None if got is None else got.decode()
 
 
 def forget_promotion(name: str) -> None:
     """The promoted standby ``name`` is gone: its record goes too."""
     with contextlib.suppress(Exception):
-        _gcs().internal_kv_del(_KV_PREFIX + name.encode(), False, WORKER_NAMESPACE.encode())
+        gcs().internal_kv_del(_KV_PREFIX + name.encode(), False, WORKER_NAMESPACE.encode())
 
 
 def promote_here(
@@ -175,7 +172,7 @@ def promote_here(
     os.environ[PROMOTED] = f"{epoch}:{rank}"
     if name:
         key = _KV_PREFIX + name.encode()
-        _gcs().internal_kv_put(key, os.environ[PROMOTED].encode(), True, WORKER_NAMESPACE.encode())
+        gcs().internal_kv_put(key, os.environ[PROMOTED].encode(), True, WORKER_NAMESPACE.encode())
     if was is not None:
         return os.getpid(), AGAIN
     hook = getattr(instance, "on_promote", None)

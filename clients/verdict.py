@@ -45,6 +45,7 @@ from typing import Any
 
 import ray
 
+from clients.ray_state import actor_entry
 from controller.errors import ReservationTimeout, UndecidedNodes
 from controller.state import verdicts as vd
 from controller.state.verdicts import ALIVE, DEAD, GONE, MOVED
@@ -54,13 +55,9 @@ ANSWER_TIMEOUT_S = 1.0
 _told_denied: set[str] = set()  # the refusals this process has reported already
 
 
-def _actor_entry(actor: Any) -> dict:
-    return ray._private.state.state.actor_table(actor._actor_id.hex()) or {}
-
-
 def actor_dead(actor: Any) -> bool:
     """Whether Ray's actor table says the actor is dead (one GCS round trip)."""
-    entry = _actor_entry(actor)
+    entry = actor_entry(actor)
     return not entry or entry.get("State") == "DEAD"
 
 
@@ -77,7 +74,7 @@ def rank_answers(
     addresses: dict[str, str] = {}
     out: dict[int, str] = {}
     for i, actor in enumerate(actors):
-        entry = _actor_entry(actor) if actor is not None else {}
+        entry = actor_entry(actor) if actor is not None else {}
         address = entry.get("Address") or {}
         if entry.get("State") != "ALIVE" or not address.get("Port"):
             out[i] = REFUSED  # dead, restarting, or not started yet
@@ -277,7 +274,7 @@ def kill(actors: Sequence[Any], within: float = 10.0) -> None:
     not take Ray's polite kill, so its node is asked to ``SIGKILL`` its pid too."""
     pids = {}
     for actor in actors:
-        entry = _actor_entry(actor)
+        entry = actor_entry(actor)
         if entry.get("Pid") and entry.get("Address", {}).get("NodeID"):
             pids[entry["Pid"]] = entry["Address"]["NodeID"]
         with contextlib.suppress(Exception):

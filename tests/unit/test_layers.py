@@ -259,3 +259,19 @@ def test_every_change_of_a_record_is_named_in_one_module():
             ):
                 callers.add(str(path.relative_to(ROOT)))
     assert callers == {"controller/runtime/core/transitions.py"}
+
+
+def test_the_drivers_reach_into_rays_private_state_in_one_module():
+    """``clients`` reads Ray's GCS client and actor table through ``clients/ray_state.py``
+    alone (the test harness aside): a Ray that moves them is followed in one place."""
+    home = ROOT / "clients" / "ray_state.py"
+    bad = []
+    for path in sources("clients"):
+        if path == home or "testing" in path.relative_to(ROOT).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            dotted = isinstance(node, ast.Attribute) and node.attr == "_private"
+            imported = isinstance(node, ast.ImportFrom) and "._private" in (node.module or "")
+            if dotted or imported:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert bad == []
