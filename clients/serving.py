@@ -126,9 +126,10 @@ class Serving:
         """
         live = self.live
         label = f"{self.reservation.job}/{self.component}"
-        weights.begin(live, version)
+        began = weights.begin(live, version)
         refs = {r: getattr(a, method).remote(*args, **kwargs) for r, a in live.items()}
         _, late = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
+        weights.settle(began)
         if late:
             stuck = sorted(r for r, ref in refs.items() if ref in late)
             raise weights.PushTimeout(

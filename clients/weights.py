@@ -24,6 +24,7 @@ compares it.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from controller import PlacementError
@@ -43,10 +44,13 @@ def hold(version: int) -> None:
 
 
 def _begin_here(_instance: Any, version: int) -> None:
-    """Run inside a worker (``__ray_call__``) as a push begins: it holds no version until
-    its load says :func:`hold` (a torn load holds none)."""
+    """Run inside a worker (``__ray_call__``) as a push of ``version`` begins: unless it
+    holds that version already, it holds none until its load says :func:`hold` (a torn
+    load holds none). Whether it runs before the load or after it (a threaded actor
+    runs calls side by side), the rank ends holding ``version`` only if its load did."""
     global _held, _loading
-    _held, _loading = None, version
+    if _held != version:
+        _held, _loading = None, version
 
 
 def held() -> int | None:
@@ -83,16 +87,25 @@ class PushTimeout(StaleWeights):
     version until a push to them completes."""
 
 
-def begin(actors: dict[int, Any], version: int, timeout: float = ASK_TIMEOUT_S) -> None:
-    """Tell each rank a load of ``version`` begins (:func:`_begin_here`), and wait for
-    them to have heard it, so that the load, sent after, never runs before it. A rank
-    that does not hear it within ``timeout`` gets the load all the same (the push's
-    check after the load finds it)."""
+def begin(actors: dict[int, Any], version: int) -> list:
+    """Tell each rank a load of ``version`` begins (:func:`_begin_here`), sent before the
+    load (an actor runs one caller's calls in order; where it runs them side by side the
+    order does not matter). Returns the calls' refs, for :func:`settle`: nothing waits
+    on them, so a hung rank delays no push."""
+    return [a.__ray_call__.remote(_begin_here, version) for a in actors.values()]
+
+
+def settle(refs: list) -> None:
+    """Collect the finished calls of :func:`begin` (a dead rank's error read, not left
+    for Ray to report as unhandled); the others are dropped."""
     import ray
 
-    refs = [a.__ray_call__.remote(_begin_here, version) for a in actors.values()]
-    if refs:
-        ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    if not refs:
+        return
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    for ref in done:
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.get(ref)
 
 
 def versions(actors: dict[int, Any], timeout: float = ASK_TIMEOUT_S) -> dict[int, int | None]:

@@ -55,3 +55,12 @@ def test_a_load_begun_and_torn_holds_no_version_and_refuses_the_old_ones_work():
 def test_a_push_timeout_is_stale_weights_and_a_placement_error():
     assert issubclass(clients.PushTimeout, clients.StaleWeights)
     assert issubclass(clients.PushTimeout, clients.PlacementError)
+
+
+def test_a_push_begun_after_its_load_finished_leaves_the_version_held():
+    """A rank that runs calls side by side may run the load before the push's word that
+    it begins: the version it loaded stays held."""
+    weights.hold(2)  # the load of 2 ran first
+    weights._begin_here(None, 2)
+    assert weights.held() == 2
+    weights.require(2)
