@@ -104,7 +104,13 @@ def end_other_standbys(reservation: Any, component: str, taken: list[Assignment]
     ]
     ended = []
     for c in others:
+        # A component colocated with this one shares its bundles: its standby there is
+        # its own rank's, promoted by its own repair. Only a bundle that none of its
+        # ranks has is another kind's spare taken.
+        theirs = {key_of(x) for x in reservation.assignments(c, allow_degraded=True)}
         for a in taken:
+            if key_of(a) in theirs:
+                continue
             name = standby_name(reservation.job, c, a)
             with contextlib.suppress(ValueError):  # none there by that name
                 ray.kill(ray.get_actor(name, namespace=WORKER_NAMESPACE), no_restart=True)
@@ -191,15 +197,22 @@ def find_ranks(
     promoted them died first. They are standbys, not ranks; ``repair()`` promotes them.
     Without ``worker_cls`` a missing rank, or one only a standby holds, is an error."""
     actors, names, standing = [], [], []
+    named = {
+        n["name"]
+        for n in ray.util.list_named_actors(all_namespaces=True)
+        if n["namespace"] == WORKER_NAMESPACE
+    }
     for a in assignments:
         base = worker_name(reservation.job, component, a.placement.rank)
         spare = standby_name(reservation.job, component, a)
-        found = None
-        # a replacement made before a move, the rank's own, a standby promoted to it
+        found = _rank_process(base, spare, a, named)
+        # None on the rank's node: a relaunch's at this epoch, the rank's own wherever
+        # it runs (repair() moves it), a standby in the rank's bundle.
         for name in (f"{base}@{a.epoch}", base, spare):
+            if found is not None:
+                break
             with contextlib.suppress(PlacementError):
                 found = (detached_worker(name), name)
-                break
         if found is not None and found[1] == spare and promoted_as(spare) is None:
             if worker_cls is None:
                 raise PlacementError(
@@ -215,6 +228,36 @@ def find_ranks(
         actors.append(found[0] if found else None)
         names.append(found[1] if found else None)
     return actors, names, standing
+
+
+_LIVE = {"ALIVE", *_STARTING}
+
+
+def _rank_process(base: str, spare: str, a: Assignment, named: set[str]) -> tuple[Any, str] | None:
+    """The live process of the rank of ``a`` among the workers ``named`` on the node its
+    assignment puts it (or not placed yet): a relaunch's (``base@<epoch>``, started while
+    the old process was on a node away; the newest first), the rank's own name
+    (``base``), or the standby in its bundle (``spare``). Before a process left on a node
+    the rank moved off, which, attached, would be served the work the rank's new process
+    should have, while ``repair()`` started a second one."""
+
+    def epoch(name: str) -> int:
+        tail = name.rpartition("@")[2]
+        return int(tail) if "@" in name and tail.isdigit() else -1
+
+    relaunches = sorted((n for n in named if n.startswith(base + "@")), key=epoch)
+    for name in [*reversed(relaunches), base, spare]:
+        if name not in named:
+            continue
+        try:
+            actor = detached_worker(name)
+        except PlacementError:
+            continue
+        entry = actor_entry(actor)
+        node = entry.get("Address", {}).get("NodeID", "")
+        if entry.get("State") in _LIVE and node in ("", "0" * len(node), a.placement.node_id):
+            return actor, name
+    return None
 
 
 class Standbys:
