@@ -241,3 +241,30 @@ def test_a_raylet_killed_alone_loses_its_node(cluster, ctl):
     cluster.remove_node(node, allow_graceful=False)
     group.shutdown()
     restore(cluster)
+
+
+def test_a_driver_attached_after_two_moves_finds_each_ranks_live_process(cluster, ctl):
+    """Faults in combination, names: a node hangs (its ranks relaunched elsewhere under a
+    relaunch's name while their old processes live on there, Ray calling them alive),
+    then rank 0's node dies (every assignment's epoch moves on). A driver that attaches
+    now finds, for each rank, the process Ray runs in the rank's bundle, never the one
+    left on the hung node, and its repair() starts nothing."""
+    restore(cluster, 4)  # the job's two nodes and two free ones: a move each
+    res = ctl.reserve("names", spec(), timeout_s=120)
+    group = clients.WorkerGroup.launch(res, "actor", Worker, detached=True)
+    before = group.execute("ping")
+    hung = node_of(cluster, before[4]["node"])
+    procs = machines.hang(hung)
+    try:
+        assert group.repair(timeout=60) == [4, 5, 6, 7]
+        cluster.remove_node(node_of(cluster, before[0]["node"]), allow_graceful=False)
+        assert group.repair(timeout=60) == [0, 1, 2, 3]
+        running = group.execute("ping")
+        attached = clients.WorkerGroup.attach(res, "actor", Worker)
+        seen = check_where_ray_says(attached, range(8))  # in each rank's own bundle
+        assert [p["pid"] for p in seen] == [p["pid"] for p in running]
+        assert attached.repair(timeout=60) == []
+        assert ray_node_alive(hung.node_id)  # the stale processes were there to be found
+    finally:
+        machines.resume(hung, procs)
+    group.shutdown()
