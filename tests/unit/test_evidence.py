@@ -74,21 +74,29 @@ def test_a_node_cut_off_while_the_head_is_fine_is_suspected_once_witnesses_agree
     run(go())
 
 
+async def _cut_and_witnessed():
+    """A job's node cut off under a watch that sweeps only when the test says (every
+    60 s), swept once and its witnesses' opinion in: the fake cluster, the controller,
+    the node, when its silence began."""
+    fake = cluster(gpu_nodes=3)
+    ctl = await _reserved(fake, msgspec.structs.replace(RULE, liveness_period=60.0))
+    watch = ctl.ops.liveness
+    lost = stored(fake, "j").slots[0].node_id
+    fake.cut.add(lost)
+    await watch.sweep({lost})  # the silence begins; the witnesses are asked
+    began = watch.evidence(lost).silent_since
+    await until(lambda: watch.witnessing.since(lost, began) is not None)
+    return fake, ctl, lost, began
+
+
 def test_two_sweeps_before_the_loop_settles_suspect_a_node_once():
     """The watch judges a node by the phase its own posts will give it, not the phase the
     node view applied last: a second sweep that runs before the loop settles the first
     one's `suspected` (a loop busy elsewhere, on a loaded machine) posts nothing again."""
 
     async def go():
-        fake = cluster(gpu_nodes=3)
-        slow_watch = msgspec.structs.replace(RULE, liveness_period=60.0)  # the test sweeps
-        ctl = await _reserved(fake, slow_watch)
+        fake, ctl, lost, began = await _cut_and_witnessed()
         watch = ctl.ops.liveness
-        lost = stored(fake, "j").slots[0].node_id
-        fake.cut.add(lost)
-        await watch.sweep({lost})  # the silence begins; the witnesses are asked
-        began = watch.evidence(lost).silent_since
-        await until(lambda: watch.witnessing.since(lost, began) is not None)
         loop = asyncio.get_running_loop()
         await until(lambda: loop.time() - began >= RULE.suspect_after, timeout=10)
         await watch.sweep({lost})  # suspects it: the fact waits in the inbox
@@ -109,15 +117,8 @@ def test_a_node_whose_fence_is_posted_is_not_suspected_again():
     `suspected` (a loaded head told every node of a silent rack twice)."""
 
     async def go():
-        fake = cluster(gpu_nodes=3)
-        slow_watch = msgspec.structs.replace(RULE, liveness_period=60.0)  # the test sweeps
-        ctl = await _reserved(fake, slow_watch)
+        fake, ctl, lost, began = await _cut_and_witnessed()
         watch = ctl.ops.liveness
-        lost = stored(fake, "j").slots[0].node_id
-        fake.cut.add(lost)
-        await watch.sweep({lost})
-        began = watch.evidence(lost).silent_since
-        await until(lambda: watch.witnessing.since(lost, began) is not None)
         loop = asyncio.get_running_loop()
         await until(lambda: loop.time() - began >= RULE.fence_grace, timeout=10)
         await watch.sweep({lost})  # suspects it and starts its fence at once

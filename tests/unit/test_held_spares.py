@@ -309,6 +309,21 @@ def test_a_job_name_reserved_again_holds_its_spares_at_once_with_nothing_of_the_
     run(go())
 
 
+async def _a_spare_and_another_job():
+    """Job ``a`` (node rank 1) holding a spare and job ``b`` (node rank 3) on a head and
+    four nodes: the fake cluster, the controller, a's spare's node, b's node, the free
+    one."""
+    fake = cluster(gpu_nodes=4)
+    ctl = await controller(fake)
+    await ctl.reserve("b", spec("8-11", num_nodes=5), 5)
+    await ctl.reserve("a", with_spares(1, "0-3", num_nodes=5), 5)
+    spare = (await held(fake, "a")).spares[0].node_id
+    lost = stored(fake, "b").slots[0].node_id
+    used = {stored(fake, "a").slots[0].node_id, spare, lost}
+    (free,) = [n for n in fake.alive() if n not in used and n != fake.own_node()]
+    return fake, ctl, spare, lost, free
+
+
 def test_a_degraded_job_takes_the_free_node_before_another_job_holds_it_as_a_spare():
     """One free node; at once a job's node dies (it needs that node) and another job's
     held spare's node dies (the Holder would hold the next spare there). The repair
@@ -316,14 +331,7 @@ def test_a_degraded_job_takes_the_free_node_before_another_job_holds_it_as_a_spa
     holds no spare until a node is free."""
 
     async def go():
-        fake = cluster(gpu_nodes=4)
-        ctl = await controller(fake)
-        await ctl.reserve("b", spec("8-11", num_nodes=5), 5)  # node rank 3
-        await ctl.reserve("a", with_spares(1, "0-3", num_nodes=5), 5)  # node rank 1
-        spare = (await held(fake, "a")).spares[0].node_id
-        lost = stored(fake, "b").slots[0].node_id
-        used = {stored(fake, "a").slots[0].node_id, spare, lost}
-        (free,) = [n for n in fake.alive() if n not in used and n != fake.own_node()]
+        fake, ctl, spare, lost, free = await _a_spare_and_another_job()
         fake.kill_node(spare)
         fake.kill_node(lost)
         b = await until(lambda: (r := stored(fake, "b")).epoch == 2 and r, timeout=10)
@@ -342,14 +350,7 @@ def test_a_node_lost_while_another_job_is_holding_the_free_node_as_its_spare_get
     (the spare made meanwhile given up), and the first job holds none until one is free."""
 
     async def go():
-        fake = cluster(gpu_nodes=4)
-        ctl = await controller(fake)
-        await ctl.reserve("b", spec("8-11", num_nodes=5), 5)  # node rank 3
-        await ctl.reserve("a", with_spares(1, "0-3", num_nodes=5), 5)  # node rank 1
-        spare = (await held(fake, "a")).spares[0].node_id
-        lost = stored(fake, "b").slots[0].node_id
-        used = {stored(fake, "a").slots[0].node_id, spare, lost}
-        (free,) = [n for n in fake.alive() if n not in used and n != fake.own_node()]
+        fake, ctl, spare, lost, free = await _a_spare_and_another_job()
         fake.create_delay = 0.5  # the next spare's group takes a moment to make
         made = fake.calls["create_group"]
         fake.kill_node(spare)
