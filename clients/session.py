@@ -267,11 +267,20 @@ class Controller(ChangeClient, QueueClient, NodeClient):
         not fenced yet; asking fences a node whose raylet refuses connections."""
         return self.call("suspects", JobOf(job))
 
-    def verdicts(self, job: str, nodes: list[str] | None = None) -> dict[str, str]:
+    def verdicts(
+        self,
+        job: str,
+        nodes: list[str] | None = None,
+        unless: dict[str, str] | None = None,
+        wait_s: float = 0.0,
+    ) -> dict[str, str]:
         """The controller's verdict on each node of ``job`` and of ``nodes``, asked now:
-        ``alive``, ``silent`` (no verdict yet), ``dead`` (by Ray, or fenced) or
-        ``unknown`` (its calls are refused there, or it suspects itself: Ray decides)."""
-        return self.call("verdicts", NodesOf(job, tuple(sorted(set(nodes or [])))))
+        ``alive``, ``silent`` (no verdict yet), ``suspected``, ``moved`` (the job's slot
+        left it), ``dead`` (by Ray, or fenced) or ``unknown`` (its calls are refused
+        there, or it suspects itself: Ray decides). Given the verdicts held already
+        (``unless``), the answer comes as soon as one differs, or after ``wait_s``."""
+        request = NodesOf(job, tuple(sorted(set(nodes or []))), unless, wait_s)
+        return self.call("verdicts", request)
 
     def release(self, job: str, force: bool = False) -> bool:
         """Release ``job`` (cancelling a reserve of it in progress); True if it existed.

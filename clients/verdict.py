@@ -41,6 +41,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import ray
@@ -52,6 +53,14 @@ from controller.state.verdicts import ALIVE, DEAD, GONE, MOVED
 from controller.surface import DENIED, DOUBT_WAYS, OK, REFUSED, answers
 
 ANSWER_TIMEOUT_S = 1.0
+# How long a look at the controller's verdicts waits for one to change: as long as a
+# silent rank takes to be asked, so the two looks of a round end together.
+NODE_WAIT_S = ANSWER_TIMEOUT_S
+POLL_S = 0.2  # a round's least length, where the controller answers at once
+ASKING_THREADS = 8  # the nodes whose ranks are asked at once (each ask is one round trip)
+# A node verdict that decides its ranks whatever they answer: the slot moved (lost), the
+# node dead (lost once Ray's table agrees), or suspected (its slot moves next).
+DECIDED = (MOVED, DEAD, vd.SUSPECTED)
 _told_denied: set[str] = set()  # the refusals this process has reported already
 
 
@@ -95,6 +104,26 @@ def rank_answers(
     return out
 
 
+def looks(
+    controller: Any, job: str, nodes: Sequence[str], seen: dict[str, str]
+) -> Callable[[], Mapping[str, str]]:
+    """What :func:`settle` asks of the controller (``controller.verdicts``): the verdict
+    on each node of ``job`` and of ``nodes``, gathered into ``seen`` (a node that left the
+    job keeps its last one). The first look asks the raylets now; each next one waits for
+    a verdict to change (a suspect's slot moved) at most as long as a silent rank takes
+    to be asked, so a move is acted on milliseconds after it is made."""
+    last: list[dict[str, str]] = []  # the controller's last answer, once there is one
+
+    def ask() -> Mapping[str, str]:
+        held = last[0] if last else None
+        got = controller.verdicts(job, list(nodes), held, NODE_WAIT_S if last else 0.0)
+        last[:] = [got]
+        seen.update(got)
+        return seen
+
+    return ask
+
+
 def judge(
     actors: Sequence[Any],
     nodes: Sequence[str],
@@ -117,10 +146,7 @@ def judge(
     live = [r for r, a in enumerate(actors) if a is not None]
     asked: set[int] = set()
     seen: dict[str, str] = {}
-
-    def ask_nodes() -> Mapping[str, str]:
-        seen.update(reservation.controller.verdicts(reservation.job, list(nodes)))
-        return seen
+    ask_nodes = looks(reservation.controller, reservation.job, nodes, seen)
 
     def ask_ranks(ranks: list[int]) -> dict[int, str]:
         got = rank_answers([actors[r] for r in ranks], doubted=[r in asked for r in ranks])
@@ -228,27 +254,66 @@ def settle(
     left = sorted(ranks)
     said = False
     verdicts: Mapping[str, str] = {}
-    got: Mapping[int, str] = {}
+    got: dict[int, str] = {}
+    hung: list[int] = []
 
     def node_of(r: int) -> str:
         return verdicts.get(nodes[r], ALIVE)
 
-    while left:
-        verdicts = ask_nodes()
-        gone = dead()
-        left = [r for r in left if r not in gone]
-        got = ask_ranks(left) if left else {}
-        left = [r for r in left if not final(got.get(r), node_of(r))]
-        waited = clock() - started
-        hung = [r for r in left if node_of(r) == ALIVE and got.get(r) not in (OK, DENIED)]
-        waiting = [r for r in left if r not in hung or waited < within]
-        if not left or not waiting or waited >= max(within, lost_within):
-            break
-        if not said and waited >= 1.0:
-            what = {r: f"{got.get(r)}, node {node_of(r)}" for r in left}
-            say(f"ranks {left} have no verdict yet ({what}); waiting up to {lost_within:g}s")
-            said = True
-        sleep(0.2)
+    # The ranks are asked on threads of their own, a node's ranks together, while the
+    # controller is asked for its verdicts: a silent rank takes a second to time out, and
+    # neither a verdict that decides it (its slot moved) nor the answers of the ranks on
+    # other nodes are kept waiting for that second.
+    asking = ThreadPoolExecutor(ASKING_THREADS, thread_name_prefix="placectl-ranks")
+    try:
+        while left:
+            began = clock()
+            by_node: dict[str, list[int]] = {}
+            for r in left:
+                if node_of(r) not in DECIDED:
+                    by_node.setdefault(nodes[r], []).append(r)
+            pending = {asking.submit(ask_ranks, rs): rs for rs in by_node.values()}
+            before = verdicts
+            while True:  # looked at again until the ranks it does not decide have answered
+                looked = clock()
+                verdicts = ask_nodes()
+                owed = [
+                    f for f, rs in pending.items()
+                    if not f.done() and node_of(rs[0]) not in DECIDED
+                ]  # fmt: skip
+                if not owed:
+                    break
+                if clock() - looked < POLL_S:  # a controller that answers at once
+                    wait(owed, timeout=POLL_S)
+            asked: set[int] = set()
+            for f, rs in pending.items():
+                if f.done():  # the others' nodes decide their ranks now
+                    got.update(f.result())
+                    asked.update(rs)
+            gone = dead()
+            left = [r for r in left if r not in gone]
+            left = [r for r in left if not final(got.get(r), node_of(r))]
+            waited = clock() - started
+            # Hung: silent on a live node when asked just now (an older answer may
+            # predate the node's verdict).
+            hung = [
+                r for r in left
+                if r in asked and node_of(r) == ALIVE and got.get(r) not in (OK, DENIED)
+            ]  # fmt: skip
+            unasked = [r for r in left if r not in asked and node_of(r) not in DECIDED]
+            waiting = [r for r in left if r not in hung or waited < within]
+            if not left or not waiting:
+                break
+            if waited >= max(within, lost_within) and not unasked:
+                break
+            if not said and waited >= 1.0:
+                what = {r: f"{got.get(r)}, node {node_of(r)}" for r in left}
+                say(f"ranks {left} have no verdict yet ({what}); waiting up to {lost_within:g}s")
+                said = True
+            if verdicts == before:  # a changed verdict is acted on at once
+                sleep(max(POLL_S - (clock() - began), 0.0))
+    finally:
+        asking.shutdown(wait=False, cancel_futures=True)  # a late answer decides nothing
     stuck = [r for r in left if undecided(got.get(r), node_of(r))]
     if stuck:
         where = sorted({nodes[r] for r in stuck})
@@ -260,7 +325,7 @@ def settle(
             "it on proof or after its grace",
             where,
         )
-    return [r for r in left if node_of(r) == ALIVE and got.get(r) not in (OK, DENIED)]
+    return hung
 
 
 @ray.remote(num_cpus=0, max_retries=0)

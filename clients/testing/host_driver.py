@@ -144,6 +144,7 @@ def _placectl(args) -> None:
             "repair": repair,
             "health": ctl.health,
             "events": lambda: {"events": [[e.kind, e.message] for e in ctl.events()]},
+            "timeline": lambda: {"events": [[e.at, e.kind, e.message] for e in ctl.events()]},
             "nodes": lambda: {"nodes": _nodes()},
             "free": _free,
         }

@@ -23,6 +23,7 @@ import msgspec
 
 from controller import version
 from controller.errors import PlacementError, ReservationError, TableUnreadable
+from controller.runtime import core
 from controller.runtime.core.settings import changed
 from controller.runtime.edge.answers import TEST_HOOKS
 from controller.runtime.steps import Operations
@@ -37,6 +38,9 @@ from controller.state.table import where
 log = logging.getLogger("placectl.controller")
 
 RECOVERY_WAIT_S = 60.0
+# How often a verdicts call that waits for a change reads the node view again: a read of
+# memory, and the delay a driver waiting for a suspect's slot to move adds to its repair.
+VERDICT_POLL_S = 0.05
 
 
 class Readiness:
@@ -169,8 +173,29 @@ class ReadCalls:
         (Ray reports it dead, it was fenced, or its death is proven) or ``unknown``
         (placectl's calls are refused there, or the controller suspects itself: Ray's
         verdict decides). What a driver's ``repair()`` waits on
-        (:mod:`controller.state.verdicts`)."""
-        return dict(sorted((await self._suspect(call.job, set(call.nodes))).items()))
+        (:mod:`controller.state.verdicts`).
+
+        With ``unless`` (the verdicts the caller holds), the answer comes as soon as one
+        differs, or after ``wait_s``: a driver waiting for a suspect's slot to move
+        learns of the move in milliseconds, not at its next sweep of its own (a silent
+        raylet takes a second to time out). The watch asks every watched node all along;
+        this call only reads what it concluded."""
+        if call.unless is None:
+            return dict(sorted((await self._suspect(call.job, set(call.nodes))).items()))
+        deadline = core.now() + call.wait_s
+        while True:
+            held = self._held(call.job, set(call.nodes))
+            if held != call.unless or core.now() >= deadline:
+                return held
+            await asyncio.sleep(min(VERDICT_POLL_S, max(deadline - core.now(), 0.0)))
+
+    def _held(self, job: str, also: set[str]) -> dict[str, str]:
+        """The verdicts on ``job``'s nodes and ``also`` from what is known now, asking no
+        raylet (the facts posted since the loop's last tick applied first)."""
+        self._ops.ctx.nodes.settle()
+        res = self._state.get(job)
+        holds = res.node_ids() if res is not None else set()
+        return dict(sorted(self._ops.liveness.verdicts(holds | also, holds).items()))
 
     async def list(self) -> bytes:
         """Encoded ``list[ReservationInfo]`` of every reservation, by job name."""

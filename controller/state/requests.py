@@ -127,12 +127,24 @@ class JobOf(msgspec.Struct):
         check_job(self.job)
 
 
+# The longest a ``verdicts`` call waits for a change: a driver asks again after it, so a
+# call never holds a caller (or a controller's connection) for long.
+MAX_VERDICT_WAIT_S = 10.0
+
+
 class NodesOf(msgspec.Struct):
     """A call about some nodes of one job: ``verdicts`` (the nodes its ranks ran on,
-    which may have left its reservation since)."""
+    which may have left its reservation since).
+
+    ``unless``: the verdicts the caller holds already. Given, the call answers as soon as
+    one differs (a suspect's slot moved, a node fenced or back), or after ``wait_s``
+    seconds with what holds then, from what the controller's watch sees; without it, it
+    asks the nodes' raylets now."""
 
     job: str
     nodes: tuple[str, ...] = ()  # a tuple: a mutable default would not pickle with the actor
+    unless: dict[str, str] | None = None
+    wait_s: float = 0.0
 
     def __post_init__(self) -> None:
         check_job(self.job)
@@ -140,6 +152,22 @@ class NodesOf(msgspec.Struct):
             isinstance(n, str) and n for n in self.nodes
         ):
             raise ReservationError(f"nodes {self.nodes!r}: expected a list of node ids")
+        if self.unless is not None and not (
+            isinstance(self.unless, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in self.unless.items())
+        ):
+            raise ReservationError(
+                f"unless {self.unless!r}: expected the verdicts held, node id -> verdict"
+            )
+        w = self.wait_s
+        if (
+            isinstance(w, bool)
+            or not isinstance(w, (int, float))
+            or not 0 <= w <= MAX_VERDICT_WAIT_S
+        ):
+            raise ReservationError(
+                f"wait_s {w!r}: expected seconds from 0 to {MAX_VERDICT_WAIT_S:g}"
+            )
 
 
 class ComponentOf(msgspec.Struct):

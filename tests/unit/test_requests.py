@@ -28,6 +28,7 @@ CLIENT_CALLS = [
     (Controller.set_quota, rq.SetQuota, {"limits"}, {"token", "limits"}),
     (Controller.set_operator, rq.SetOperator, set(), set()),
     (Controller.events, rq.EventsSince, set(), set()),
+    (Controller.verdicts, rq.NodesOf, set(), set()),
     (Reservation.lease_ports, lq.LeasePorts, set(), {"job", "token", "request_id", "force"}),
     (Reservation.lease_cores, lq.LeaseCores, set(), {"job", "token", "force"}),
 ]
@@ -97,6 +98,8 @@ class NoActor:
         (lambda c: c.resize("j", "", "0-3"), "component ''"),
         (lambda c: c.events(after=-1), "after -1"),
         (lambda c: c.set_quota("research", GPU=-1), "quota GPU=-1"),
+        (lambda c: c.verdicts("j", ["n"], wait_s=60), "wait_s 60: expected seconds from 0 to 10"),
+        (lambda c: c.verdicts("j", ["n"], unless={"n": 1}), "unless {'n': 1}"),
     ],
 )
 def test_the_client_refuses_bad_input_before_it_travels(call, message):
