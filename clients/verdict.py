@@ -267,22 +267,25 @@ def settle(
     asking = ThreadPoolExecutor(ASKING_THREADS, thread_name_prefix="placectl-ranks")
     try:
         while left:
+            # A round looks first, then asks the ranks the verdicts leave open: a worker
+            # that outlives its raylet for a moment is never taken for kept when its
+            # node's death is already known.
             began = clock()
+            before, verdicts = dict(verdicts), ask_nodes()
             by_node: dict[str, list[int]] = {}
             for r in left:
                 if node_of(r) not in DECIDED:
                     by_node.setdefault(nodes[r], []).append(r)
             pending = {asking.submit(ask_ranks, rs): rs for rs in by_node.values()}
-            before = verdicts
             while True:  # looked at again until the ranks it does not decide have answered
-                looked = clock()
-                verdicts = ask_nodes()
                 owed = [
                     f for f, rs in pending.items()
                     if not f.done() and node_of(rs[0]) not in DECIDED
                 ]  # fmt: skip
                 if not owed:
                     break
+                looked = clock()
+                verdicts = ask_nodes()
                 if clock() - looked < POLL_S:  # a controller that answers at once
                     wait(owed, timeout=POLL_S)
             asked: set[int] = set()
