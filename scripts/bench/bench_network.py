@@ -90,9 +90,17 @@ def cut(mode: str) -> dict:
             return {"dead": _until_dead(driver, started)}
         got = driver.ask("repair", timeout=180)
         repaired = time.monotonic() - started
-        while not driver.ask("health")["fenced"] and time.monotonic() - started < 300:
+        # Out once fenced or dead in Ray's table, whichever is seen first: a fenced node
+        # is dead to Ray at once, and leaves the controller's fenced list then.
+        ip = hosts.hosts[victim].ip
+        while ip not in _dead(driver) and not driver.ask("health")["fenced"]:
+            if time.monotonic() - started > 300:
+                break
             time.sleep(0.5)
-        return {"repair": repaired, "lost": got["lost"], "fenced": time.monotonic() - started}
+        out = time.monotonic() - started
+        said = [m for kind, m in driver.ask("events")["events"] if kind == "fenced"]
+        by = "placectl" if any(ip in m for m in said) else "Ray"
+        return {"repair": repaired, "lost": got["lost"], "fenced": out, "by": by}
 
     return _side(mode, run)
 
@@ -178,10 +186,12 @@ def main() -> None:
         res.add("cut host: Ray alone calls it dead", [ray_alone["dead"]])
         res.add("cut host: placectl repair() returns", [placectl["repair"]],
                 baseline="cut host: Ray alone calls it dead", lost=placectl["lost"])  # fmt: skip
-        res.add("cut host: placectl fences it (its grace)", [placectl["fenced"]],
-                baseline="cut host: Ray alone calls it dead")  # fmt: skip
+        res.add("cut host: out (placectl's fence at its grace, or Ray's verdict)",
+                [placectl["fenced"]], baseline="cut host: Ray alone calls it dead",
+                by=placectl["by"])  # fmt: skip
         print(f"cut: Ray alone dead after {ray_alone['dead']:.1f}s; placectl repair() "
-              f"{placectl['repair']:.1f}s, fenced {placectl['fenced']:.1f}s")  # fmt: skip
+              f"{placectl['repair']:.1f}s, out after {placectl['fenced']:.1f}s "
+              f"({placectl['by']})")  # fmt: skip
     if "refused" in wanted:
         ray_alone, placectl = refused("plain"), refused("placectl")
         res.add("refused raylet: Ray alone calls it dead", [ray_alone["dead"]])
