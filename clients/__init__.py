@@ -13,6 +13,7 @@ _LAZY = {
     "Reservation": "clients.reservation",
     "WorkerGroup": "clients.workers",
     "current": "clients.inside",
+    "GuardedGroup": "clients.collective",
     "preempt_deadline": "clients.inside",
     # Every error, as controller exports them (docs/reference/errors.md).
     "ClusterUnavailable": "controller.errors",
@@ -37,6 +38,7 @@ _LAZY = {
     "ControllerNotFound": "controller.errors",
     "StaleWeights": "clients.weights",  # the weights-version guard's
     "PushTimeout": "clients.weights",
+    "PeerLost": "clients.collective",  # a guarded group's member lost
 }
 
 __all__ = sorted(_LAZY)

@@ -1,0 +1,350 @@
+"""Inside a rank: a collective group whose calls end when a member is lost.
+
+A peer whose host is cut off or hung keeps its connections open: gloo's survivors wait
+out its timeout (30 minutes by default), NCCL's its watchdog, while Ray still calls the
+peer alive. A :class:`GuardedGroup` is formed over a component's ranks from their
+assignments, at a *generation* (the reservation's epoch it was formed at), and watches
+its members while a collective of it is pending: once the controller's verdict on a
+member's node is in (suspected, its slot moved, dead or fenced), or the member's slot
+has moved in the reservation (a standby promoted, a relaunch elsewhere), the pending
+call ends with :class:`PeerLost` naming the lost ranks and why, and every later call on
+that generation refuses with it. A collective that is merely slow is never ended: only
+a verdict or a move ends one, never a time.
+
+The survivors keep their processes and memory: :meth:`GuardedGroup.reform` forms the
+next generation with the reservation's current assignments, where the replacements
+(promoted standbys, or ranks ``repair()`` relaunched) form it too (``GuardedGroup.form``).
+
+gloo only. What ends a pending gloo collective from outside: nothing torch offers (its
+``abort`` and ``shutdown`` leave a pending all-reduce blocked); so each call is started
+asynchronously and waited for in short slices, and the work is abandoned, not joined,
+when its generation ends (its thread ends at gloo's own timeout).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from controller.errors import PlacementError
+
+# How long a collective may be pending before its members are watched: most finish in
+# milliseconds, and a call that does not is the one whose peers are asked about.
+WATCH_AFTER_S = 0.2
+SLICE_S = 0.005  # how often a pending call checks whether it completed or was ended
+# A look at the controller's verdicts waits this long for one to change.
+LOOK_WAIT_S = 1.0
+# gloo's own timeout for a call: a slow peer is never given up for time alone; the
+# generation's end is the controller's word.
+BACKEND_TIMEOUT = datetime.timedelta(minutes=30)
+# Verdicts on a member's node that end the generation (controller.state.verdicts).
+ENDING = {"suspected": "suspected", "moved": "moved off", "dead": "dead"}
+
+
+class PeerLost(PlacementError):
+    """A member of the group's generation is lost: the pending collective ended and
+    every later call on this generation refuses. Form the next with ``reform()``.
+
+    Attributes:
+        ranks: each lost rank, and why.
+        generation: the generation that ended (``epoch.round``).
+    """
+
+    def __init__(
+        self, message: str, ranks: Mapping[int, str] | None = None, generation: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.ranks = dict(ranks or {})
+        self.generation = generation
+
+    def __reduce__(self):  # crosses Ray with its fields
+        return (type(self), (str(self), self.ranks, self.generation))
+
+
+def lost_members(
+    members: Sequence[str],
+    own: int,
+    verdicts: Mapping[str, str],
+    now: Sequence[str] | None,
+) -> dict[int, str]:
+    """The ranks of a generation formed on ``members`` (each rank's node id) that are
+    lost, and why, to rank ``own``: a node verdict that ends it (:data:`ENDING`), or the
+    rank's slot now on another node (``now``: each rank's node in the reservation; None
+    when the reservation is gone or another took its name: every other rank is lost)."""
+    out: dict[int, str] = {}
+    for r, node in enumerate(members):
+        if r == own:
+            continue
+        if now is None:
+            out[r] = "the reservation was released or replaced"
+        elif (v := verdicts.get(node)) in ENDING:
+            out[r] = f"its node {node[:12]} is {ENDING[v]}"
+        elif r < len(now) and now[r] != node:
+            out[r] = f"its slot moved from node {node[:12]} to {now[r][:12]}"
+    return out
+
+
+class ControllerLook:
+    """What a rank asks of the controller about its group's members: the verdicts on
+    their nodes (waiting for one to change after the first look) and where the
+    reservation puts each rank now (one read of its record)."""
+
+    def __init__(self, controller: Any, job: str, component: str, uid: str) -> None:
+        self._ctl, self._job, self._component, self._uid = controller, job, component, uid
+        self._held: dict[str, str] | None = None
+
+    def __call__(self, members: Sequence[str], own: int) -> dict[int, str]:
+        from clients.reservation import Reservation
+
+        wait = LOOK_WAIT_S if self._held is not None else 0.0
+        self._held = self._ctl.verdicts(self._job, list(set(members)), self._held, wait)
+        record = self._ctl.record(self._job)
+        now = None
+        if record.uid == self._uid and self._component in record.world_sizes:
+            items = Reservation(self._ctl, record).assignments(self._component, allow_degraded=True)
+            now = [a.placement.node_id for a in items]
+        return lost_members(members, own, self._held, now)
+
+
+class GuardedGroup:
+    """One generation of a component's gloo group, held by one rank.
+
+    Form it with :meth:`form` inside a placed rank (every rank of the component calls
+    it); call :meth:`all_reduce`, :meth:`broadcast` and :meth:`barrier` on it. After
+    :class:`PeerLost`, every rank (survivors and replacements) forms the next generation:
+    survivors with :meth:`reform`, replacements with :meth:`form`.
+    """
+
+    def __init__(
+        self,
+        pg: Any,
+        rank: int,
+        members: Sequence[str],
+        generation: str,
+        look: Callable[[Sequence[str], int], Mapping[int, str]],
+        name: str,
+    ) -> None:
+        self.pg, self.rank, self.members = pg, rank, list(members)
+        self.world_size, self.generation, self.name = len(self.members), generation, name
+        self._look = look
+        self._lost: dict[int, str] = {}
+        self._ended: PeerLost | None = None
+        self._pending = threading.Event()  # a call waits: the watcher looks meanwhile
+        self._watcher: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ forming
+    @classmethod
+    def form(cls, timeout: float = 300.0) -> GuardedGroup:
+        """Form this rank's group (every rank of the component calls it) with the
+        reservation's current assignments, once it is ready: rank 0 serves the
+        rendezvous on its ``MASTER_ADDR``/``MASTER_PORT``. Returns once every rank has
+        joined.
+
+        Raises:
+            PlacementError: not a placed rank; the component runs short (``on_loss:
+                continue``: its membership changes rank by rank); the reservation not
+                ready within ``timeout``.
+        """
+        from clients.reservation import Reservation
+        from clients.session import Controller
+
+        env = os.environ
+        missing = [k for k in ("PLACECTL_JOB", "PLACECTL_COMPONENT", "RANK") if k not in env]
+        if missing:
+            raise PlacementError(
+                f"not a placectl rank: {', '.join(missing)} not set in the environment"
+            )
+        job, component, rank = env["PLACECTL_JOB"], env["PLACECTL_COMPONENT"], int(env["RANK"])
+        ctl = Controller(None, env.get("PLACECTL_CONTROLLER", "placectl"))
+        deadline = time.monotonic() + timeout
+        record = ctl.record(job)
+        if component in record.world_sizes and record.spec.component(component).runs_short:
+            raise PlacementError(
+                f"{job}/{component} runs short (on_loss: continue): its ranks leave and "
+                "rejoin one by one, which a group of fixed membership cannot follow; "
+                "form one over a component that is repaired whole"
+            )
+        while record.state != "ready":
+            if time.monotonic() > deadline:
+                raise PlacementError(
+                    f"{job}/{component}: the reservation was not ready within {timeout:g}s "
+                    f"to form a group ({record.state}: {record.reason or 'no reason given'})"
+                )
+            time.sleep(0.2)
+            record = ctl.record(job)
+        mine = Reservation(ctl, record).assignments(component, allow_degraded=True)
+        return cls.form_at(
+            mine[0].env["MASTER_ADDR"],
+            int(mine[0].env["MASTER_PORT"]),
+            rank,
+            [a.placement.node_id for a in mine],
+            record.epoch,
+            ControllerLook(ctl, job, component, record.uid),
+            f"placectl/{job}/{component}/{record.uid}",
+            max(deadline - time.monotonic(), 1.0),
+        )
+
+    @classmethod
+    def form_at(
+        cls,
+        addr: str,
+        port: int,
+        rank: int,
+        members: Sequence[str],
+        epoch: int,
+        look: Callable[[Sequence[str], int], Mapping[int, str]],
+        name: str,
+        timeout: float = 300.0,
+    ) -> GuardedGroup:
+        """Form a generation from its parts (:meth:`form` reads them from the
+        reservation): the rendezvous at ``addr:port``, which rank 0 serves (and keeps
+        serving to later generations); ``members`` each rank's node id.
+
+        A generation is the epoch and a round: every rank that forms counts itself in
+        at the rendezvous, so the survivors and the replacement of a rank relaunched in
+        its own bundle (the epoch unchanged) meet in the round after the ended one."""
+        import torch.distributed as dist
+
+        store = _store(addr, port, rank, timeout)
+        size = len(members)
+        joined = store.add(f"{name}/epoch{epoch}/joined", 1)
+        generation = f"{epoch}.{(joined - 1) // size}"
+        pg = dist.ProcessGroupGloo(
+            dist.PrefixStore(f"{name}/gen{generation}", store), rank, size, BACKEND_TIMEOUT
+        )
+        return cls(pg, rank, members, generation, look, name)
+
+    def reform(self, timeout: float = 300.0) -> GuardedGroup:
+        """The next generation, formed by this rank (a survivor) once the reservation is
+        ready again, its lost ranks replaced (each replacement calls :meth:`form`).
+        This generation stays ended."""
+        return type(self).form(timeout)
+
+    # ------------------------------------------------------------ calls
+    def all_reduce(self, tensor: Any, op: str = "sum") -> Any:
+        """Reduce ``tensor`` in place over the group (``sum``, ``max``, ``min``,
+        ``product``); returns it.
+
+        Raises:
+            PeerLost: a member was lost before or while it ran.
+        """
+        import torch.distributed as dist
+
+        ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+               "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT}  # fmt: skip
+        if op not in ops:
+            raise PlacementError(f"op {op!r}: expected one of {', '.join(ops)}")
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = ops[op]
+        self._run("all_reduce", lambda: self.pg.allreduce([tensor], opts))
+        return tensor
+
+    def broadcast(self, tensor: Any, src: int = 0) -> Any:
+        """``tensor`` of rank ``src``, in place on every rank; returns it."""
+        import torch.distributed as dist
+
+        if not 0 <= src < self.world_size:
+            raise PlacementError(f"src {src}: expected a rank from 0 to {self.world_size - 1}")
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = src, 0
+        self._run("broadcast", lambda: self.pg.broadcast([tensor], opts))
+        return tensor
+
+    def barrier(self) -> None:
+        """Wait until every rank of the generation reaches it."""
+        import torch.distributed as dist
+
+        self._run("barrier", lambda: self.pg.barrier(dist.BarrierOptions()))
+
+    @property
+    def ended(self) -> PeerLost | None:
+        """Why this generation ended, or None while it holds."""
+        return self._ended
+
+    def _run(self, what: str, start: Callable[[], Any]) -> None:
+        if self._ended is not None:
+            raise self._ended
+        if self._lost:
+            raise self._end(what, self._lost, "")
+        work = start()
+        began = time.monotonic()
+        try:
+            while not work.is_completed():
+                if self._lost:
+                    raise self._end(what, self._lost, "")
+                if time.monotonic() - began > WATCH_AFTER_S:
+                    self._watch()
+                time.sleep(SLICE_S)
+        finally:
+            self._pending.clear()
+        try:
+            work.wait()
+        except RuntimeError as e:  # the backend's own failure (a killed peer's socket)
+            lost = self._lost or self._ask_once()
+            raise self._end(what, lost, str(e).splitlines()[0]) from e
+
+    def _end(self, what: str, lost: Mapping[int, str], backend: str) -> PeerLost:
+        said = "; ".join(f"rank {r}: {why}" for r, why in sorted(lost.items()))
+        if backend:
+            said = f"{said}; gloo: {backend}" if said else f"gloo: {backend}"
+        self._ended = PeerLost(
+            f"{self.name} generation {self.generation}: {what} ended, a member is lost "
+            f"({said or 'unknown'}); form the next generation with reform()",
+            lost,
+            self.generation,
+        )
+        return self._ended
+
+    def _ask_once(self) -> dict[int, str]:
+        try:
+            return dict(self._look(self.members, self.rank))
+        except Exception:  # the backend's error is reported either way
+            return {}
+
+    def _watch(self) -> None:
+        """Look at the members while a call is pending (one watcher a group)."""
+        self._pending.set()
+        with self._lock:
+            if self._watcher is not None and self._watcher.is_alive():
+                return
+            self._watcher = threading.Thread(
+                target=self._watching, name=f"placectl-watch-{self.generation}", daemon=True
+            )
+            self._watcher.start()
+
+    def _watching(self) -> None:
+        while self._pending.is_set() and not self._lost:
+            try:
+                lost = dict(self._look(self.members, self.rank))
+            except Exception:  # the controller unreachable: no verdict, keep waiting
+                time.sleep(LOOK_WAIT_S)
+                continue
+            if lost:
+                self._lost = lost
+
+
+_SERVED: dict[tuple[str, int], Any] = {}  # the rendezvous this process serves (rank 0)
+
+
+def _store(addr: str, port: int, rank: int, timeout: float) -> Any:
+    """The rendezvous store at ``addr:port``. Rank 0 serves it for the process's life
+    (every later generation meets there); the others connect anew each time, since the
+    rank 0 they knew may be a new process now."""
+    import torch.distributed as dist
+
+    wait = datetime.timedelta(seconds=timeout)
+    if rank != 0:
+        return dist.TCPStore(addr, port, is_master=False, timeout=wait)
+    key = (addr, port)
+    if key not in _SERVED:
+        _SERVED[key] = dist.TCPStore(addr, port, is_master=True, timeout=wait,
+                                     wait_for_workers=False)  # fmt: skip
+    return _SERVED[key]
+
+
+__all__ = ["ControllerLook", "GuardedGroup", "PeerLost", "lost_members"]
