@@ -155,3 +155,33 @@ def test_a_slow_peer_is_waited_for_and_ends_nothing(tmp_path, gloo):
     finally:
         for p in procs:
             p.kill()
+
+
+class _Spec:
+    def __init__(self, short: bool) -> None:
+        self.short = short
+
+    def component(self, name):
+        return type("C", (), {"runs_short": self.short})()
+
+
+class _Record:
+    def __init__(self, short: bool) -> None:
+        self.world_sizes, self.spec, self.state = {"rollout": 4}, _Spec(short), "ready"
+
+
+def test_a_group_over_a_component_that_runs_short_is_refused(monkeypatch):
+    from clients import session
+    from clients.collective import GuardedGroup
+    from controller.errors import PlacementError
+
+    monkeypatch.delenv("PLACECTL_JOB", raising=False)
+    with pytest.raises(PlacementError, match="not a placectl rank: PLACECTL_JOB"):
+        GuardedGroup.form()
+    monkeypatch.setenv("PLACECTL_JOB", "j")
+    monkeypatch.setenv("PLACECTL_COMPONENT", "rollout")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(session, "Controller", lambda *a: type("C", (), {
+        "record": staticmethod(lambda job: _Record(short=True))})())  # fmt: skip
+    with pytest.raises(PlacementError, match=r"j/rollout runs short \(on_loss: continue\)"):
+        GuardedGroup.form()
