@@ -277,7 +277,10 @@ def settle(
                 if node_of(r) not in DECIDED:
                     by_node.setdefault(nodes[r], []).append(r)
             pending = {asking.submit(ask_ranks, rs): rs for rs in by_node.values()}
-            while True:  # looked at again until the ranks it does not decide have answered
+            # Ranks that answer do so in milliseconds: the controller is looked at again
+            # only while some have not, until the ones it does not decide have.
+            wait(list(pending), timeout=POLL_S)
+            while True:
                 owed = [
                     f for f, rs in pending.items()
                     if not f.done() and node_of(rs[0]) not in DECIDED

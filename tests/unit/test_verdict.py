@@ -213,6 +213,22 @@ def test_a_cut_nodes_ranks_are_judged_the_moment_its_slot_moves(world):
     assert judged - moved < 0.5, judged - moved
 
 
+def test_a_group_whose_ranks_all_answer_is_judged_at_once(world):
+    """The looks that wait for a change are for ranks that do not answer: a repair() of
+    a group that lost nothing returns in milliseconds, not after a look's second."""
+    started = time.monotonic()
+    hung = settle(
+        list(range(8)),
+        world.nodes,
+        ask_nodes=looks(_Asked(world), "j", world.nodes, {}),
+        ask_ranks=lambda ranks: dict.fromkeys(ranks, OK),
+        dead=lambda: set(),
+        within=10.0,
+        say=lambda m: None,
+    )
+    assert hung == [] and time.monotonic() - started < 0.5, time.monotonic() - started
+
+
 def test_a_look_that_waits_for_a_change_answers_after_its_wait_when_none_comes(world):
     asked = _Asked(world)
     now = asked.verdicts("j", world.nodes)
