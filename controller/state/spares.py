@@ -3,7 +3,7 @@ nearest first (the same NVLink domain, then the same rack)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -113,6 +113,18 @@ def segments_kept(spec: ClusterSpec, plan: JobPlan, node_rank: int, lost: NodeVi
     return keeps
 
 
+def failure_domain(node: NodeView) -> str:
+    """What fails with ``node`` (a power feed, a top-of-rack switch): its rack
+    (``placectl.io/rack``), else its NVLink domain; "" when it states neither."""
+    return node.topology.rack or node.topology.domain
+
+
+def apart_from(res: ReservationRecord) -> frozenset[str]:
+    """The failure domains of ``res``'s nodes: where a held spare, to outlive the loss of
+    one of them, is not put while a node elsewhere will do."""
+    return frozenset(d for n in res.nodes.values() if (d := failure_domain(n)))
+
+
 def choose_spare(
     dead: NodeView,
     candidates: list[NodeView],
@@ -122,15 +134,24 @@ def choose_spare(
     selectors: Iterable[dict[str, str]] = (),
     keep: Sequence[Keep] = (),
     busy: Mapping[str, int] = {},
+    apart: Collection[str] = frozenset(),
 ) -> NodeView | None:
     """The nearest candidate (by :func:`nearness`, then the fewest groups other steps
     are making there now, ``busy``, then node-rank order) that can stand in for
     ``dead``: the same kind of node, matching ``selectors``, in every domain or rack
     ``keep`` names, not in ``exclude``, with ``need`` free. Among equally near nodes a
     busy one comes last: many repairs at once (a rack lost under many jobs) spread over
-    nodes, whose probes then run side by side instead of in turn on one node."""
+    nodes, whose probes then run side by side instead of in turn on one node.
+
+    A node in one of the failure domains ``apart`` (:func:`failure_domain`) comes after
+    every node outside them: a held spare kept out of its job's racks outlives the loss
+    of one of them."""
     selectors = list(selectors)
-    for node in sorted(candidates, key=lambda n: (nearness(dead, n), busy.get(n.node_id, 0))):
+
+    def order(n: NodeView) -> tuple:
+        return (failure_domain(n) in apart, nearness(dead, n), busy.get(n.node_id, 0))
+
+    for node in sorted(candidates, key=order):
         if node.node_id in exclude or not is_replacement(dead, node):
             continue
         if not matches(node, selectors):

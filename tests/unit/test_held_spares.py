@@ -365,3 +365,27 @@ def test_a_node_lost_while_another_job_is_holding_the_free_node_as_its_spare_get
         await ctl.stop()
 
     run(go())
+
+
+def test_a_held_spare_is_kept_out_of_its_jobs_rack_while_another_rack_has_room():
+    """Two racks of two nodes, the job on one node: the nearest free node is the other
+    node of its rack, which a rack's loss (its power, its switch) would take with the
+    job's. The spare is held in the other rack."""
+    from controller.planning.topology import RACK_LABEL
+
+    async def go():
+        fake = cluster(gpu_nodes=0)
+        for rack in ("a", "a", "b", "b"):
+            fake.add_node(num_gpus=4, num_cpus=4, labels={RACK_LABEL: rack})
+        ctl = await controller(fake)
+        await ctl.reserve("j", with_spares(1, num_nodes=4), 5)
+        rec = await held(fake, "j")
+        ((slot,), (spare,)) = rec.slots, rec.spares
+        racks = {n.node_id: n.labels[RACK_LABEL] for n in rec.nodes.values()}
+        rack_of = {nid: fake.nodes_by_id[nid].info.labels[RACK_LABEL] for nid in fake.nodes_by_id
+                   if RACK_LABEL in fake.nodes_by_id[nid].info.labels}  # fmt: skip
+        assert racks[slot.node_id] == rack_of[slot.node_id]
+        assert rack_of[spare.node_id] != rack_of[slot.node_id]
+        await ctl.stop()
+
+    run(go())

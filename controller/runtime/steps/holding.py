@@ -37,9 +37,11 @@ from controller.runtime.edge import CREATED
 from controller.state.queueing import usage
 from controller.state.records import AUTO, DEGRADED, READY, ReservationRecord, SlotRecord
 from controller.state.spares import (
+    apart_from,
     choose_spare,
     copied_rank,
     need_of,
+    segments_kept,
     selectors_for,
     shape,
     spare_bundles,
@@ -257,10 +259,16 @@ class Holder:
         free = self._claims.free(await self._io.free_resources(), but=who)
         taken = res.node_ids() | {s.node_id for s in kept}
         token, fresh, unmet = secrets.token_hex(3), [], []
+        # Out of the job's racks while a node elsewhere will do (a rack lost takes no
+        # spare with it); in the domain a kept segment needs, whatever else.
+        apart = apart_from(res)
+        plan = (await self._state.plan(res.job)).plan
         for k, rank in enumerate(ranks[:n]):
+            keep = segments_kept(res.spec, plan, rank, res.nodes[rank])
             node = choose_spare(
-                res.nodes[rank], live, free, needs[rank], taken, selectors_for(res, rank)
-            )
+                res.nodes[rank], live, free, needs[rank], taken, selectors_for(res, rank),
+                keep, apart=apart,
+            )  # fmt: skip
             if node is None:
                 unmet.append(rank)
                 continue
