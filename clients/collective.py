@@ -23,7 +23,9 @@ when its generation ends (its thread ends at gloo's own timeout).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import json
 import os
 import threading
 import time
@@ -43,6 +45,12 @@ LOOK_WAIT_S = 1.0
 BACKEND_TIMEOUT = datetime.timedelta(minutes=30)
 # Verdicts on a member's node that end the generation (controller.state.verdicts).
 ENDING = {"suspected": "suspected", "moved": "moved off", "dead": "dead"}
+# Where a rank that ended a generation says so, in the generation's own rendezvous
+# store, and how often a waiting rank reads it: a peer that saw its neighbour die (its
+# socket closed) ends the ranks that wait on that peer, not on the dead one.
+ENDED_KEY = "placectl/ended"
+ACTOR_KEY = "placectl/actor"  # each member's Ray actor id
+HEARD_EVERY_S = 0.1
 
 
 class PeerLost(PlacementError):
@@ -127,10 +135,12 @@ class GuardedGroup:
         generation: str,
         look: Callable[[Sequence[str], int], Mapping[int, str]],
         name: str,
+        store: Any = None,
     ) -> None:
         self.pg, self.rank, self.members = pg, rank, list(members)
         self.world_size, self.generation, self.name = len(self.members), generation, name
         self._look = look
+        self._store = store  # the generation's rendezvous store: where an end is said
         self._lost: dict[int, str] = {}
         self._ended: PeerLost | None = None
         self._pending = threading.Event()  # a call waits: the watcher looks meanwhile
@@ -214,10 +224,13 @@ class GuardedGroup:
         size = len(members)
         joined = store.add(f"{name}/epoch{epoch}/joined", 1)
         generation = f"{epoch}.{(joined - 1) // size}"
-        pg = dist.ProcessGroupGloo(
-            dist.PrefixStore(f"{name}/gen{generation}", store), rank, size, BACKEND_TIMEOUT
-        )
-        return cls(pg, rank, members, generation, look, name)
+        own = dist.PrefixStore(f"{name}/gen{generation}", store)
+        pg = dist.ProcessGroupGloo(own, rank, size, BACKEND_TIMEOUT)
+        group = cls(pg, rank, members, generation, look, name, own)
+        actor = _own_actor()
+        if actor:  # a rank killed on a live node is named from Ray's actor table by it
+            own.set(f"{ACTOR_KEY}/{rank}", actor)
+        return group
 
     def reform(self, timeout: float = 300.0) -> GuardedGroup:
         """The next generation, formed by this rank (a survivor) once the reservation is
@@ -298,16 +311,25 @@ class GuardedGroup:
             lost,
             self.generation,
         )
+        if self._store is not None:  # the others hear of it (a thread: rank 0 may be gone)
+            word = json.dumps({"by": self.rank, "lost": {str(r): w for r, w in lost.items()},
+                               "backend": backend})  # fmt: skip
+            threading.Thread(target=_say, args=(self._store, word), daemon=True).start()
         return self._ended
 
     def _ask_once(self) -> dict[int, str]:
+        """After the backend's own failure: the verdicts, and the members whose process
+        Ray reports dead (a rank killed on a live node: no verdict on its node)."""
         try:
-            return dict(self._look(self.members, self.rank))
+            lost = dict(self._look(self.members, self.rank))
         except Exception:  # the backend's error is reported either way
-            return {}
+            lost = {}
+        return {**_dead_processes(self._store, self.world_size, self.rank), **lost}
 
     def _watch(self) -> None:
-        """Look at the members while a call is pending (one watcher a group)."""
+        """Look at the members, and listen for a peer's word, while a call is pending
+        (one watcher and one listener a group; each on a thread of its own, since a
+        look at a cut-off rank 0's store blocks)."""
         self._pending.set()
         with self._lock:
             if self._watcher is not None and self._watcher.is_alive():
@@ -316,6 +338,26 @@ class GuardedGroup:
                 target=self._watching, name=f"placectl-watch-{self.generation}", daemon=True
             )
             self._watcher.start()
+            if self._store is not None:
+                threading.Thread(
+                    target=self._listening, name=f"placectl-hear-{self.generation}", daemon=True
+                ).start()
+
+    def _listening(self) -> None:
+        while self._pending.is_set() and not self._lost:
+            try:
+                if self._store.check([ENDED_KEY]):
+                    word = json.loads(self._store.get(ENDED_KEY))
+                    lost = {int(r): w for r, w in word["lost"].items() if int(r) != self.rank}
+                    if word["backend"] or not lost:
+                        lost.setdefault(word["by"], "")
+                    by = f"said by rank {word['by']}"
+                    self._lost = {r: f"{w}, {by}" if w else by for r, w in lost.items()}
+                    return
+            except (RuntimeError, ValueError):  # the rendezvous gone: its rank 0 with it
+                self._lost = {0: "the rendezvous its process served is gone"}
+                return
+            time.sleep(HEARD_EVERY_S)
 
     def _watching(self) -> None:
         while self._pending.is_set() and not self._lost:
@@ -326,6 +368,41 @@ class GuardedGroup:
                 continue
             if lost:
                 self._lost = lost
+
+
+def _own_actor() -> str:
+    """This process's Ray actor id (hex), or "" outside a Ray actor."""
+    import ray
+
+    if not ray.is_initialized():
+        return ""
+    return ray.get_runtime_context().get_actor_id() or ""
+
+
+def _dead_processes(store: Any, size: int, own: int) -> dict[int, str]:
+    """The members whose actor Ray's table reports dead, by the ids they left in the
+    generation's store."""
+    from clients.ray_state import actor_row
+
+    out: dict[int, str] = {}
+    if store is None or not _own_actor():
+        return out
+    for r in range(size):
+        key = f"{ACTOR_KEY}/{r}"
+        try:
+            if r == own or not store.check([key]):
+                continue
+            row = actor_row(store.get(key).decode())
+        except (RuntimeError, ValueError):  # the rendezvous gone
+            return {0: "the rendezvous its process served is gone"} if own != 0 else out
+        if row.get("State") == "DEAD":
+            out[r] = f"its process {row['Pid']} died" if row.get("Pid") else "its process died"
+    return out
+
+
+def _say(store: Any, word: str) -> None:
+    with contextlib.suppress(RuntimeError, ValueError):  # the rendezvous gone: nobody to tell
+        store.set(ENDED_KEY, word)
 
 
 _SERVED: dict[tuple[str, int], Any] = {}  # the rendezvous this process serves (rank 0)

@@ -18,7 +18,13 @@ def gcs() -> Any:
 def actor_entry(actor: Any) -> dict:
     """``actor``'s row of Ray's actor table (``State``, ``Address``, ...); ``{}`` when
     Ray has none."""
-    return ray._private.state.state.actor_table(actor._actor_id.hex()) or {}
+    return actor_row(actor._actor_id.hex())
 
 
-__all__ = ["actor_entry", "gcs"]
+def actor_row(actor_id: str) -> dict:
+    """The row of Ray's actor table of the actor ``actor_id`` (hex); ``{}`` when Ray has
+    none."""
+    return ray._private.state.state.actor_table(actor_id) or {}
+
+
+__all__ = ["actor_entry", "actor_row", "gcs"]

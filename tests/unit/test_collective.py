@@ -46,7 +46,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, port: int, verdict: str, out: str, plan: str) -> None:
+def _rank(rank: int, port: int, verdict: str, out: str, plan: str, size: int = 3) -> None:
     """One rank: form, then what ``plan`` says; each result a JSON line in ``out``."""
     import torch
 
@@ -61,7 +61,8 @@ def _rank(rank: int, port: int, verdict: str, out: str, plan: str) -> None:
             f.write(json.dumps({"rank": rank, "pid": os.getpid(), **fields}) + "\n")
 
     def form():
-        return GuardedGroup.form_at("127.0.0.1", port, rank, NODES, 1, look, "t", 60)
+        members = NODES if size == 3 else [f"node-{i}" for i in range(size)]
+        return GuardedGroup.form_at("127.0.0.1", port, rank, members, 1, look, "t", 60)
 
     group = form()
     say(event="formed", generation=group.generation)
@@ -86,8 +87,9 @@ def _rank(rank: int, port: int, verdict: str, out: str, plan: str) -> None:
             say(event="reduced", value=t[0].item(), generation=group.generation)
 
 
-def _start(ctx, rank, port, verdict, out, plan):
-    p = ctx.Process(target=_rank, args=(rank, port, str(verdict), str(out), plan), daemon=True)
+def _start(ctx, rank, port, verdict, out, plan, size=3):
+    args = (rank, port, str(verdict), str(out), plan, size)
+    p = ctx.Process(target=_rank, args=args, daemon=True)
     p.start()
     return p
 
@@ -138,6 +140,29 @@ def test_a_hung_peer_ends_the_survivors_call_at_its_verdict_and_they_reform_with
         survivors = {x["rank"]: x["pid"] for x in got if x["event"] == "formed" and x["rank"] < 2}
         assert {x["rank"]: x["pid"] for x in reduced if x["rank"] < 2} == survivors
         assert {x.get("generation") for x in reduced if x["rank"] < 2} == {"1.1"}
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def test_a_killed_peer_ends_every_survivor_whether_or_not_it_waited_on_that_peer(tmp_path, gloo):
+    """No verdict at all: a peer's process is killed inside the collective. The ranks
+    whose connections to it close fail in gloo and say so in the generation's store;
+    the others, waiting on a survivor rather than on the dead peer, hear it there."""
+    ctx = multiprocessing.get_context("spawn")
+    port, verdict, out = _free_port(), tmp_path / "verdict.json", tmp_path / "out.jsonl"
+    verdict.write_text("{}")
+    plans = ("", "", "", "hang")
+    procs = [_start(ctx, r, port, verdict, out, p, size=4) for r, p in enumerate(plans)]
+    try:
+        _until(out, lambda got: len([x for x in got if x["event"] == "formed"]) == 4)
+        time.sleep(1.0)  # the three wait in their all-reduce, the fourth silent
+        procs[3].kill()
+        killed = time.time()
+        got = _until(out, lambda g: len([x for x in g if x["event"] == "lost"]) == 3, 30)
+        lost = [x for x in got if x["event"] == "lost"]
+        assert all(x["at"] - killed < 2.0 for x in lost), [x["at"] - killed for x in lost]
+        assert not [x for x in got if x["event"] == "reduced"]
     finally:
         for p in procs:
             p.kill()
