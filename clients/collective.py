@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -160,17 +159,12 @@ class GuardedGroup:
                 continue``: its membership changes rank by rank); the reservation not
                 ready within ``timeout``.
         """
+        from clients.inside import placed
         from clients.reservation import Reservation
         from clients.session import Controller
 
-        env = os.environ
-        missing = [k for k in ("PLACECTL_JOB", "PLACECTL_COMPONENT", "RANK") if k not in env]
-        if missing:
-            raise PlacementError(
-                f"not a placectl rank: {', '.join(missing)} not set in the environment"
-            )
-        job, component, rank = env["PLACECTL_JOB"], env["PLACECTL_COMPONENT"], int(env["RANK"])
-        ctl = Controller(None, env.get("PLACECTL_CONTROLLER", "placectl"))
+        job, component, rank, name = placed()
+        ctl = Controller(None, name)
         deadline = time.monotonic() + timeout
         record = ctl.record(job)
         if component in record.world_sizes and record.spec.component(component).runs_short:

@@ -12,6 +12,23 @@ from controller.state.assignments import Assignment
 _CURRENT: dict[tuple, tuple[tuple[str, int], Assignment]] = {}
 
 
+def placed() -> tuple[str, str, int, str]:
+    """This process's job, component, rank and controller name, from the environment
+    placectl gave it.
+
+    Raises:
+        PlacementError: the process was not placed by placectl.
+    """
+    env = os.environ
+    missing = [k for k in ("PLACECTL_JOB", "PLACECTL_COMPONENT", "RANK") if k not in env]
+    if missing:
+        raise PlacementError(
+            f"not a placectl worker: {', '.join(missing)} not set in the environment"
+        )
+    name = env.get("PLACECTL_CONTROLLER", "placectl")
+    return env["PLACECTL_JOB"], env["PLACECTL_COMPONENT"], int(env["RANK"]), name
+
+
 def current(strict: bool = False) -> Assignment:
     """Inside a worker placectl placed: its own :class:`Assignment`, as of now.
 
@@ -29,17 +46,11 @@ def current(strict: bool = False) -> Assignment:
     Raises:
         PlacementError: the process was not placed by placectl, or its rank is gone.
     """
-    env = os.environ
-    missing = [k for k in ("PLACECTL_JOB", "PLACECTL_COMPONENT", "RANK") if k not in env]
-    if missing:
-        raise PlacementError(
-            f"not a placectl worker: {', '.join(missing)} not set in the environment"
-        )
     from clients.reservation import Reservation
     from clients.session import Controller
 
-    job, component, rank = env["PLACECTL_JOB"], env["PLACECTL_COMPONENT"], int(env["RANK"])
-    name = env.get("PLACECTL_CONTROLLER", "placectl")
+    env = os.environ
+    job, component, rank, name = placed()
     ctl = Controller(None, name)
     record = ctl.record(job)
     key = (name, job, component, rank)

@@ -201,7 +201,7 @@ def test_a_group_over_a_component_that_runs_short_is_refused(monkeypatch):
     from controller.errors import PlacementError
 
     monkeypatch.delenv("PLACECTL_JOB", raising=False)
-    with pytest.raises(PlacementError, match="not a placectl rank: PLACECTL_JOB"):
+    with pytest.raises(PlacementError, match="not a placectl worker: PLACECTL_JOB"):
         GuardedGroup.form()
     monkeypatch.setenv("PLACECTL_JOB", "j")
     monkeypatch.setenv("PLACECTL_COMPONENT", "rollout")
