@@ -48,6 +48,7 @@ class Latency:
         probe: float = 0.0,
         per_node_read: float = 0.0,
         notice: float = 0.0,
+        witness_start: float = 0.0,
     ):
         self.gcs_rtt = gcs_rtt  # one key-value or table round trip
         self.group_create = group_create  # the GCS schedules groups one at a time
@@ -55,6 +56,7 @@ class Latency:
         self.probe = probe  # one probe task in a bundle
         self.per_node_read = per_node_read  # added per node to a whole-cluster read
         self.notice = notice  # from a node's death to Ray's event of it (scenarios wait it)
+        self.witness_start = witness_start  # a witness actor's process started on a node
 
 
 class FakeCluster(FakeNetwork, FakeStore):

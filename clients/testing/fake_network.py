@@ -19,6 +19,7 @@ The faults are the ones real networks have, in the form they take:
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import random
 
@@ -39,6 +40,12 @@ class FakeNetwork:
         witness_calls: how many witness questions were asked (each may cover several
             nodes).
         kept_witnesses: the nodes the controller keeps a witness standing on.
+        standing: node -> the witness standing there (a token: one killed and started
+            anew is another) and when it is ready to ask (loop time). A witness answers
+            only from where one stands: a question to a node with none starts one there
+            (``latency.witness_start``), as Ray starts an actor.
+        ended_asking: witnesses killed with a question in flight (their replies lost).
+        witness_starts: node -> how often a witness was started there.
     """
 
     def __init__(self, seed: int = 0) -> None:
@@ -50,6 +57,10 @@ class FakeNetwork:
         self.witnessed: collections.Counter[str] = collections.Counter()
         self.witness_calls = 0
         self.kept_witnesses: list[str] = []
+        self.standing: dict[str, tuple[object, float]] = {}
+        self.ended_asking = 0
+        self.witness_starts: collections.Counter[str] = collections.Counter()
+        self._asking: collections.Counter[str] = collections.Counter()
         self._luck = random.Random(seed)
 
     def split(self, *sides: set[str]) -> None:
@@ -78,6 +89,19 @@ class FakeNetwork:
 
     def keep_witnesses(self, node_ids: list[str], away: set[str] = frozenset()) -> None:
         self.kept_witnesses = list(node_ids)
+        for gone in set(self.standing) - set(node_ids) - set(away):
+            del self.standing[gone]  # killed: a question it is asking gets no reply
+            self.ended_asking += self._asking[gone]
+        for n in node_ids:
+            self._stand(n)
+
+    def _stand(self, node: str) -> tuple[object, float]:
+        """The witness on ``node``, started there now if none stands."""
+        if node not in self.standing:
+            ready = asyncio.get_running_loop().time() + self.latency.witness_start
+            self.standing[node] = (object(), ready)
+            self.witness_starts[node] += 1
+        return self.standing[node]
 
     def _seen_from(self, where: str, addresses, ways: int | dict = 1) -> dict[str, str]:
         """What node ``where`` finds at each raylet of ``addresses`` (node ids, or a
@@ -107,6 +131,14 @@ class FakeNetwork:
         self._cost("witness", self.latency.gcs_rtt)
         self.witnessed[witness] += 1
         self.witness_calls += 1
+        token, ready = self._stand(witness)
+        self._asking[witness] += 1
+        try:  # a witness started for the question asks once its process is up
+            await asyncio.sleep(max(0.0, ready - asyncio.get_running_loop().time()))
+        finally:
+            self._asking[witness] -= 1
+        if self.standing.get(witness, (None,))[0] is not token:
+            return None  # killed while it asked
         node = self.nodes_by_id.get(witness)
         if node is None or not self.reaches(self.own_node(), witness):
             return None  # the task never reaches it, or its reply never comes back

@@ -148,13 +148,39 @@ def sample(nodes: Iterable[str], k: int, side: Callable[[str], str] = lambda n: 
     return chosen
 
 
-def homes(watched: set[str], sampled: Iterable[str], away: set[str], k: int) -> list[str]:
+def homes(
+    watched: set[str],
+    sampled: Iterable[str],
+    away: set[str],
+    k: int,
+    side: Callable[[str], str] = lambda node: "",
+) -> list[str]:
     """Where ``k`` witnesses stand: the same few nodes while the cluster does not change
     (one more than are asked at a time, for when one of them is the suspect), none of
-    them in doubt (``away``); none while nothing is ``watched``."""
+    them in doubt (``away``); none while nothing is ``watched``. Spread over the sides
+    (racks, NVLink domains) as :func:`witnesses` asks them, the watched nodes' sides
+    first, so that a question about a silent node finds its witnesses already standing;
+    in each side a node not watched first, which is never the suspect itself (the
+    witness in a suspect's own rack is then one of its rack-mates)."""
     if not watched:
         return []
-    return sorted((watched | set(sampled)) - away)[:k]
+    by_side: dict[str, list[str]] = {}
+    for n in sorted((watched | set(sampled)) - away, key=lambda n: (n in watched, n)):
+        by_side.setdefault(side(n), []).append(n)
+    theirs = {side(n) for n in watched}
+    return _round_robin(by_side, sorted(by_side, key=lambda s: (s not in theirs, s)), k)
+
+
+def _round_robin(by_side: dict[str, list[str]], order: list[str], k: int) -> list[str]:
+    """Up to ``k`` nodes, one from each side of ``order`` in turn (each side's list is
+    taken from its front)."""
+    queues = [list(by_side[s]) for s in order]
+    chosen: list[str] = []
+    while len(chosen) < k and any(queues):
+        for q in queues:
+            if q and len(chosen) < k:
+                chosen.append(q.pop(0))
+    return chosen
 
 
 def witnesses(
@@ -162,24 +188,25 @@ def witnesses(
     suspects: set[str],
     k: int,
     side: Callable[[str], str] = lambda node: "",
+    standing: Iterable[str] = (),
 ) -> list[str]:
     """Up to ``k`` nodes that answered the controller ``ok`` this sweep, none of them a
     suspect: the ones asked to look at the suspects themselves. Spread over the sides
     (``side(node)``: its rack or NVLink domain, "" unknown) round robin, the suspects' own
     sides first: a witness in the suspect's rack tells a dead node from a rack cut off
-    from the head's side, where that rack can still be reached."""
-    able = sorted(n for n, a in answered.items() if a == OK and n not in suspects)
+    from the head's side, where that rack can still be reached. Within a side, a node
+    where a witness already stands (``standing``) first: one started for the question
+    first starts a process."""
+    up = set(standing)
+    able = sorted(
+        (n for n, a in answered.items() if a == OK and n not in suspects),
+        key=lambda n: (n not in up, n),
+    )
     by_side: dict[str, list[str]] = {}
     for n in able:
         by_side.setdefault(side(n), []).append(n)
     theirs = {side(s) for s in suspects}
-    order = sorted(by_side, key=lambda s: (s not in theirs, s))
-    chosen: list[str] = []
-    while len(chosen) < k and any(by_side[s] for s in order):
-        for s in order:
-            if by_side[s] and len(chosen) < k:
-                chosen.append(by_side[s].pop(0))
-    return chosen
+    return _round_robin(by_side, sorted(by_side, key=lambda s: (s not in theirs, s)), k)
 
 
 class Opinion(NamedTuple):
@@ -280,18 +307,24 @@ class Witnessing:
         self._io, self._tasks, self._timeout, self._ways = io, tasks, timeout, ways
         self._side = side
         self.latest: dict[str, Opinion] = {}
+        self._asked: list[str] = []  # the witnesses of the latest question
 
     def ask(self, suspects: Mapping[str, str], chosen: list[str]) -> asyncio.Task | None:
         """Have ``chosen`` ask the raylets of ``suspects`` (node -> address), unless a
         question is in flight (the suspects it leaves out are asked by the next); the
         question's task."""
-        if not chosen or not suspects:
-            return self._tasks.get("witness", "round")
+        if not chosen or not suspects or self.asking() is not None:
+            return self.asking()
+        self._asked = list(chosen)
         return self._tasks.start("witness", "round", self._ask(dict(suspects), chosen))
 
     def asking(self) -> asyncio.Task | None:
         """The question in flight, if one is."""
         return self._tasks.get("witness", "round")
+
+    def asked(self) -> list[str]:
+        """The witnesses of the question in flight: ending one would lose its reply."""
+        return list(self._asked) if self.asking() is not None else []
 
     async def _ask(self, suspects: dict[str, str], chosen: list[str]) -> None:
         got = await confirmed(self._io, chosen, suspects, self._timeout, self._ways, self._side)

@@ -81,6 +81,7 @@ class Liveness:
             ctx.io, ctx.tasks, s.liveness_timeout, s.looks, side=self._side
         )
         self._grace: float | None = None
+        self._homes: list[str] = []  # where witnesses stand, the last sweep's choice
 
     # ------------------------------------------------------------ what it shows
     @property
@@ -118,15 +119,22 @@ class Liveness:
                 await self.sweep(watched, judge_self=True)
                 self._returning.sweep()
                 if not self.self_doubt.doubted:
-                    away = set(self._nodes.in_doubt())
-                    k = self.settings.witnesses + 1
-                    homes = evidence.homes(watched, self._sample(), away, k)
-                    self._io.keep_witnesses(homes, away)
+                    self.keep_witnesses(watched)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("raylet health sweep failed; the next one will run")
             took = core.now() - started
+
+    def keep_witnesses(self, watched: set[str]) -> None:
+        """Keep witnesses standing where the next question will ask (the homes), and
+        those asking the question in flight wherever they stand: a witness started for a
+        question and ended by the next sweep would lose its reply."""
+        away = set(self._nodes.in_doubt())
+        k = self.settings.witnesses + 1
+        self._homes = evidence.homes(watched, self._sample(), away, k, self._side)
+        asking = [w for w in self.witnessing.asked() if w not in {*self._homes, *away}]
+        self._io.keep_witnesses([*self._homes, *asking], away)
 
     def watched(self) -> set[str]:
         """The alive nodes holding a slot or a held spare of a settled reservation, and
@@ -203,7 +211,7 @@ class Liveness:
             return set()
         chosen = evidence.witnesses(
             {n: a for n, a in first.items() if n not in silent}, set(silent),
-            self.settings.witnesses, self._side,
+            self.settings.witnesses, self._side, self._homes,
         )  # fmt: skip
         self.witnessing.ask(silent, chosen)
         now = core.now()
