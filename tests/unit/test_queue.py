@@ -9,6 +9,7 @@ import asyncio
 import msgspec
 import pytest
 
+from clients.testing.fake_cluster import FakeCluster
 from controller.errors import (
     ReservationCancelled,
     ReservationError,
@@ -377,3 +378,49 @@ def test_one_waiting_behind_another_still_holds_its_other_nodes():
     d = decide(entries, free)
     assert d.admitted == []
     assert "waits behind y" in d.waiting["x"][1]
+
+
+RACK = {"placectl.io/rack": "r0"}  # one rack: its nodes rank before the head
+
+
+@pytest.mark.parametrize("first_to_choose", ["repair", "admission"])
+def test_a_queued_reservation_and_a_repair_never_take_one_free_node_both(first_to_choose):
+    """A reservation on the first node and one queued for that node; the second node
+    free. The first node dies: the first job repairs onto the free node, and the queued
+    one, planned again over the nodes left, fits there too; both read Ray's free
+    resources before either's group exists (a creation takes half a second here).
+    Whichever chooses first claims the node and the other sees the claim: never both
+    pinned to it, one of them waiting for ever behind the other's group."""
+
+    async def go():
+        fake = FakeCluster()
+        fake.add_node(num_gpus=0, num_cpus=2, head=True)
+        first, free = (fake.add_node(num_gpus=4, num_cpus=16, labels=RACK) for _ in range(2))
+        ctl = await controller(fake)
+        await ctl.reserve("job", q("0-3", num_nodes=1), 5)
+        waiting = asyncio.create_task(ctl.reserve("next", q("0-3", num_nodes=1), 30, queue="q"))
+        await until(lambda: (r := stored(fake, "next")) is not None and r.state == "queued")
+        assert {s.node_id for s in stored(fake, "job").slots} == {first}
+        fake.create_delay = 0.5
+        fake.kill_node(first)
+        # An admission pass (the loop's own comes at a node's death, or every few
+        # seconds) once the repair has chosen the free node and its group is being
+        # made; or as soon as the node is out of the view, before the repair chooses.
+        claims = ctl.ops.ctx.claims
+        if first_to_choose == "repair":
+            await until(lambda: "repair/job" in claims.claimed())
+        else:  # Ray's node table read at once, before the loop hears of the death
+            await ctl.ops.ctx.nodes.refresh()
+            assert "repair/job" not in claims.claimed()
+        await ctl.ops.admitter.admit()
+        await asyncio.sleep(3.0)  # both settled: placed, or waiting for a node
+        job, nxt = stored(fake, "job"), stored(fake, "next")
+        on = {"job": {s.node_id for s in job.slots}, "next": {s.node_id for s in nxt.slots}}
+        assert not (free in on["job"] and free in on["next"]), (job.state, nxt.state, on)
+        assert (job.state, nxt.state) in (("ready", "queued"), ("degraded", "ready")), (
+            job.state, nxt.state, on,
+        )  # fmt: skip
+        waiting.cancel()
+        await ctl.stop()
+
+    run(go())

@@ -32,6 +32,7 @@ from controller.state.plan import JobPlan, plan_slots
 from controller.state.records import QUEUED, ReservationRecord
 
 log = logging.getLogger("placectl.controller")
+ADMIT = "admit"  # who claims an admitted reservation's nodes until it is placed: admit/<job>
 RECHECK_PERIOD_S = 2.0  # a pass also runs this often: others' actors come and go unseen
 
 
@@ -55,6 +56,7 @@ class Admitter:
     ) -> None:
         self._io, self._state, self._nodes = ctx.io, ctx.state, ctx.nodes
         self._stewards = ctx.stewards
+        self._claims = ctx.claims
         self._records = ctx.records
         self._progress = ctx.progress
         self._prefix = ctx.prefix
@@ -116,14 +118,10 @@ class Admitter:
         """Decide once, and let the admitted reservations go."""
         self._dirty = False
         self._last = core.now()
-        free = await self._io.free_resources()
+        # Less what other steps claimed: a repair's spare or a reservation admitted
+        # earlier, its group not made yet (controller.runtime.core.claims).
+        free = self._claims.free(await self._io.free_resources())
         started = time.perf_counter()
-        for need in self._admitted.values():  # admitted, groups not created yet
-            for node_id, amounts in need.items():
-                have = free.get(node_id)
-                if have is not None:
-                    for k, v in amounts.items():
-                        have[k] = have.get(k, 0.0) - v
         records = self.queued()
         entries = [self._entry(r, free) for r in records]
         decision = queueing.decide(
@@ -140,6 +138,8 @@ class Admitter:
         needs = {e.job: e.needs for e in entries}
         for job in decision.admitted:
             self._admitted[job] = needs[job] or {}
+            for node_id, amounts in self._admitted[job].items():  # until it is placed
+                self._claims.claim(f"{ADMIT}/{job}", node_id, amounts)
             waiter = self._waiters.get(job)
             log.info("admitting queued reservation %r", job)
             if waiter is not None:
@@ -212,6 +212,7 @@ class Admitter:
         """A reservation admitted (or cancelled) finished placing: its resources now
         show in what Ray reports free, or were given back."""
         self._admitted.pop(job, None)
+        self._claims.release(f"{ADMIT}/{job}")
         for key in [k for k in self._plans if k[0] == job]:
             del self._plans[key]
         self.wake()

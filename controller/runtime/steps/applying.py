@@ -57,6 +57,7 @@ class Applier:
         self._io, self._state, self._nodes = ctx.io, ctx.state, ctx.nodes
         self._stewards = ctx.stewards
         self._records = ctx.records
+        self._claims = ctx.claims
         self._checker = checker
         self._leaser = leaser
         self._progress = ctx.progress
@@ -184,8 +185,8 @@ class Applier:
                 floating[g.label] = res.floating[g.label]
             else:
                 choose.append(g)
-        if choose:
-            free = await self._io.free_resources()
+        if choose:  # less what other steps claimed (controller.runtime.core.claims)
+            free = self._claims.free(await self._io.free_resources())
             floating = choose_floating_nodes(spec, view, choose, free, kept=floating)
         plan = JobPlan.of(ComponentPlacement(spec, view, floating))
         old_plan = (await self._state.plan(res.job)).plan

@@ -55,6 +55,7 @@ class Reserver:
         self._io, self._state, self._nodes = ctx.io, ctx.state, ctx.nodes
         self._stewards = ctx.stewards
         self._records = ctx.records
+        self._claims = ctx.claims
         self._checker = checker
         self._leaser = leaser
         self._repairer = repairer
@@ -203,6 +204,11 @@ class Reserver:
         await self._stewards.settled(job, Trigger.CANCEL)  # after the reserve's rollback
         return True
 
+    async def _free(self) -> dict[str, dict[str, float]]:
+        """Ray's free resources less what other steps claimed (a repair's spare, a
+        reservation admitted and not yet placed: controller.runtime.core.claims)."""
+        return self._claims.free(await self._io.free_resources())
+
     async def _create(
         self,
         job: str,
@@ -220,7 +226,7 @@ class Reserver:
         )
         floating_groups = [g for g in spec.node_groups if g.floating]
         floating = (
-            choose_floating_nodes(spec, view, floating_groups, await self._io.free_resources())
+            choose_floating_nodes(spec, view, floating_groups, await self._free())
             if floating_groups
             else {}
         )
