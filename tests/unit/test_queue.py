@@ -424,3 +424,38 @@ def test_a_queued_reservation_and_a_repair_never_take_one_free_node_both(first_t
         await ctl.stop()
 
     run(go())
+
+
+def test_a_queued_floating_reservation_is_placed_on_the_nodes_admission_claimed_for_it():
+    """A reservation whose nodes float (any node matching a selector) waits in the
+    queue while the only free matching node is taken, and is admitted when it frees:
+    admission claims that node for it until it is placed, and its own placement, which
+    chooses the floating nodes again, counts that claim as its own, not another's."""
+
+    async def go():
+        fake = FakeCluster()
+        fake.add_node(num_gpus=0, num_cpus=2, head=True)
+        for _ in range(2):
+            fake.add_node(num_gpus=4, num_cpus=16, labels={**RACK, "pool": "x"})
+        floating = {
+            "num_nodes": 1,
+            "node_groups": [{"label": "any", "selector": {"pool": "x"}, "count": 1}],
+            "component_placement": {"actor": {"node_group": "any", "placement": "0-3"}},
+        }
+        ctl = await controller(fake)
+        await ctl.reserve("a", floating, 5, queue="q")
+        await ctl.reserve("b", floating, 5, queue="q")
+        waiting = asyncio.create_task(ctl.reserve("c", floating, 30, queue="q"))
+        await until(lambda: (r := stored(fake, "c")) is not None and r.state == "queued")
+        fake.create_delay = 0.5  # the admitted reservation's group takes a moment
+        # Whichever of the two frees, the one the ties of an empty choice never fall on.
+        order = sorted(("a", "b"), key=lambda j: min(stored(fake, j).nodes))
+        freed = {s.node_id for s in stored(fake, order[-1]).slots}
+        await ctl.release(order[-1])
+        got = info(await asyncio.wait_for(waiting, 10))
+        assert got.state == "ready"
+        assert {s.node_id for s in stored(fake, "c").slots} == freed
+        assert ctl.ops.ctx.claims.claimed() == {}  # let go once placed
+        await ctl.stop()
+
+    run(go())

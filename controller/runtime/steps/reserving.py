@@ -33,7 +33,7 @@ from controller.runtime.core import groups, to_the_end
 from controller.runtime.core.context import Context
 from controller.runtime.core.stewards import Trigger
 from controller.runtime.edge import node_tasks
-from controller.runtime.steps.admission import Admitter
+from controller.runtime.steps.admission import ADMIT, Admitter
 from controller.runtime.steps.checks import Checker
 from controller.runtime.steps.leasing import Leaser
 from controller.runtime.steps.repair import Repairer
@@ -204,10 +204,11 @@ class Reserver:
         await self._stewards.settled(job, Trigger.CANCEL)  # after the reserve's rollback
         return True
 
-    async def _free(self) -> dict[str, dict[str, float]]:
+    async def _free(self, job: str) -> dict[str, dict[str, float]]:
         """Ray's free resources less what other steps claimed (a repair's spare, a
-        reservation admitted and not yet placed: controller.runtime.core.claims)."""
-        return self._claims.free(await self._io.free_resources())
+        reservation admitted and not yet placed: controller.runtime.core.claims), but
+        what admission claimed for ``job`` itself."""
+        return self._claims.free(await self._io.free_resources(), but=f"{ADMIT}/{job}")
 
     async def _create(
         self,
@@ -226,7 +227,7 @@ class Reserver:
         )
         floating_groups = [g for g in spec.node_groups if g.floating]
         floating = (
-            choose_floating_nodes(spec, view, floating_groups, await self._free())
+            choose_floating_nodes(spec, view, floating_groups, await self._free(job))
             if floating_groups
             else {}
         )
