@@ -39,6 +39,7 @@ _LAZY = {
     "StaleWeights": "clients.weights",  # the weights-version guard's
     "PushTimeout": "clients.weights",
     "PeerLost": "clients.collective",  # a guarded group's member lost
+    "RanksLost": "clients.gathering",  # a group call gave up on ranks at the verdict
 }
 
 __all__ = sorted(_LAZY)

@@ -31,19 +31,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from clients.members import LOOK_WAIT_S, ControllerLook
 from controller.errors import PlacementError
 
 # How long a collective may be pending before its members are watched: most finish in
 # milliseconds, and a call that does not is the one whose peers are asked about.
 WATCH_AFTER_S = 0.2
 SLICE_S = 0.005  # how often a pending call checks whether it completed or was ended
-# A look at the controller's verdicts waits this long for one to change.
-LOOK_WAIT_S = 1.0
 # gloo's own timeout for a call: a slow peer is never given up for time alone; the
 # generation's end is the controller's word.
 BACKEND_TIMEOUT = datetime.timedelta(minutes=30)
-# Verdicts on a member's node that end the generation (controller.state.verdicts).
-ENDING = {"suspected": "suspected", "moved": "moved off", "dead": "dead"}
 # Where a rank that ended a generation says so, in the generation's own rendezvous
 # store, and how often a waiting rank reads it: a peer that saw its neighbour die (its
 # socket closed) ends the ranks that wait on that peer, not on the dead one.
@@ -70,51 +67,6 @@ class PeerLost(PlacementError):
 
     def __reduce__(self):  # crosses Ray with its fields
         return (type(self), (str(self), self.ranks, self.generation))
-
-
-def lost_members(
-    members: Sequence[str],
-    own: int,
-    verdicts: Mapping[str, str],
-    now: Sequence[str] | None,
-) -> dict[int, str]:
-    """The ranks of a generation formed on ``members`` (each rank's node id) that are
-    lost, and why, to rank ``own``: a node verdict that ends it (:data:`ENDING`), or the
-    rank's slot now on another node (``now``: each rank's node in the reservation; None
-    when the reservation is gone or another took its name: every other rank is lost)."""
-    out: dict[int, str] = {}
-    for r, node in enumerate(members):
-        if r == own:
-            continue
-        if now is None:
-            out[r] = "the reservation was released or replaced"
-        elif (v := verdicts.get(node)) in ENDING:
-            out[r] = f"its node {node[:12]} is {ENDING[v]}"
-        elif r < len(now) and now[r] != node:
-            out[r] = f"its slot moved from node {node[:12]} to {now[r][:12]}"
-    return out
-
-
-class ControllerLook:
-    """What a rank asks of the controller about its group's members: the verdicts on
-    their nodes (waiting for one to change after the first look) and where the
-    reservation puts each rank now (one read of its record)."""
-
-    def __init__(self, controller: Any, job: str, component: str, uid: str) -> None:
-        self._ctl, self._job, self._component, self._uid = controller, job, component, uid
-        self._held: dict[str, str] | None = None
-
-    def __call__(self, members: Sequence[str], own: int) -> dict[int, str]:
-        from clients.reservation import Reservation
-
-        wait = LOOK_WAIT_S if self._held is not None else 0.0
-        self._held = self._ctl.verdicts(self._job, list(set(members)), self._held, wait)
-        record = self._ctl.record(self._job)
-        now = None
-        if record.uid == self._uid and self._component in record.world_sizes:
-            items = Reservation(self._ctl, record).assignments(self._component, allow_degraded=True)
-            now = [a.placement.node_id for a in items]
-        return lost_members(members, own, self._held, now)
 
 
 class GuardedGroup:
@@ -418,4 +370,4 @@ def _store(addr: str, port: int, rank: int, timeout: float) -> Any:
     return _SERVED[key]
 
 
-__all__ = ["ControllerLook", "GuardedGroup", "PeerLost", "lost_members"]
+__all__ = ["GuardedGroup", "PeerLost"]

@@ -8,9 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import ray
-
-from clients import weights
+from clients import gathering, weights
+from clients.members import ControllerLook
 from controller import PlacementError
 
 
@@ -53,8 +52,27 @@ class Serving:
 
     def execute(self, method: str, *args: Any, version: int | None = None, **kwargs: Any) -> list:
         """Call ``method`` on every rank and wait; results in rank order (``version``:
-        as :meth:`execute_async`)."""
-        return ray.get(self.execute_async(method, *args, version=version, **kwargs))
+        as :meth:`execute_async`).
+
+        Raises:
+            RanksLost: a rank is lost by the controller's verdict while the call waits
+                on it (its node suspected, moved off, dead or fenced; its slot moved):
+                the wait ends at the verdict, not at Ray's; the others' answers are in
+                the error's ``results``.
+        """
+        refs = self.execute_async(method, *args, version=version, **kwargs)
+        got, _ = self._gather(dict(enumerate(refs)))
+        return [got[r] for r in range(len(refs))]
+
+    def _gather(
+        self, refs: dict[int, Any], timeout: float | None = None
+    ) -> tuple[dict[int, Any], list[int]]:
+        """Wait for each rank's call until it answers or the controller's verdict says
+        the rank is lost (:func:`clients.gathering.gather`)."""
+        res = self.reservation
+        members = [a.placement.node_id for a in self._roster.assignments]
+        look = ControllerLook(res.controller, res.job, self.component, res.uid)
+        return gathering.gather(refs, members, look, f"{res.job}/{self.component}", timeout)
 
     # ------------------------------------------------------------ running short
     @property
@@ -122,27 +140,32 @@ class Serving:
 
         Raises:
             PushTimeout: some loads did not finish within ``timeout`` (named).
+            RanksLost: a rank is lost by the controller's verdict while its load is
+                pending (as :meth:`execute`).
             StaleWeights: a rank does not say ``version`` after its load.
         """
         live = self.live
         label = f"{self.reservation.job}/{self.component}"
         began = weights.begin(live, version)
         refs = {r: getattr(a, method).remote(*args, **kwargs) for r, a in live.items()}
-        _, late = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
-        weights.settle(began)
-        if late:
-            stuck = sorted(r for r, ref in refs.items() if ref in late)
+        try:
+            got, stuck = self._gather(refs, timeout)
+        finally:
+            weights.settle(began)
+        if stuck:
             raise weights.PushTimeout(
                 f"{label}: ranks {stuck} did not finish {method}() of weights version "
                 f"{version} within {timeout:g}s; they hold no version until a push to them "
                 "completes (repair() or restart() them if they are stuck)"
             )
-        got = dict(zip(refs, ray.get(list(refs.values())), strict=True))
         weights.refuse_stale(label, list(live), weights.versions(live), version)
         return got
 
     def execute_rank(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``method`` on one rank and wait for its result."""
+        """Call ``method`` on one rank and wait for its result (``RanksLost`` at the
+        controller's verdict on it, as :meth:`execute`)."""
         if not 0 <= rank < len(self._roster.actors):
             raise PlacementError(f"rank {rank}: out of range (0-{len(self._roster.actors) - 1})")
-        return ray.get(getattr(self._roster.actors[rank], method).remote(*args, **kwargs))
+        ref = getattr(self._roster.actors[rank], method).remote(*args, **kwargs)
+        got, _ = self._gather({rank: ref})
+        return got[rank]

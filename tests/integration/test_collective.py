@@ -87,3 +87,55 @@ def test_a_hung_hosts_peers_end_the_survivors_all_reduce_at_the_verdict_and_refo
     finally:
         machines.resume(node, procs)
     group.shutdown()
+    ctl.release("guarded")
+
+
+class Caller:
+    def where(self) -> dict:
+        return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
+
+    def slow(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return os.getpid()
+
+
+def test_a_call_into_a_hung_hosts_ranks_gives_up_on_them_at_the_verdict(cluster, ctl):
+    """No call into a lost rank waits past its verdict: a group's call waiting on ranks
+    of a hung host (Ray calls it alive for about a minute) ends with ``RanksLost`` at the
+    controller's verdict, carrying the other ranks' answers; a call that is only slow
+    ends when it completes."""
+    res = ctl.reserve("calls", {"num_nodes": 3, "component_placement": {"actor": "0-7"}},
+                      timeout_s=120)  # fmt: skip
+    group = clients.WorkerGroup.launch(res, "actor", Caller)
+    try:
+        assert len(set(group.execute("slow", 2.5))) == 8  # watched, never given up
+        before = group.execute("where")
+        victim = before[4]["node"]
+        assert {before[r]["node"] for r in range(4, 8)} == {victim} != {before[0]["node"]}
+        node = next(n for n in cluster.list_all_nodes() if n.node_id == victim)
+        hung_at = time.time()
+        procs = machines.hang(node)
+        try:
+            with pytest.raises(clients.RanksLost) as got:
+                group.execute("where")
+            ended = time.time()
+            told = [e for e in ctl.events() if e.kind == "suspected" and e.at >= hung_at
+                    and victim[:12] in e.message]  # fmt: skip
+            assert len(told) == 1, told
+            assert sorted(got.value.ranks) == [4, 5, 6, 7], got.value.ranks
+            assert ended - told[0].at < 2.0, (ended - told[0].at, str(got.value))
+            assert got.value.results == {r: before[r] for r in range(4)}  # the others' answers
+            # Ray still calls the host's ranks alive: its own answer would come at its
+            # verdict on the node, about a minute on.
+            assert ray.get(group.actors[0].where.remote(), timeout=30) == before[0]
+            with pytest.raises(clients.RanksLost):  # the verdict is in: at once
+                group.execute_rank(5, "where")
+            assert group.repair(timeout=60) == [4, 5, 6, 7]
+            after = group.execute("where")
+            assert [after[r] for r in range(4)] == before[:4]
+            assert victim not in {after[r]["node"] for r in range(4, 8)}
+        finally:
+            machines.resume(node, procs)
+    finally:
+        group.shutdown()
+        ctl.release("calls")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.collective import ENDING, lost_members
+from clients.members import ENDING, lost_members
 
 
 @pytest.fixture

@@ -9,6 +9,8 @@ from collections.abc import Callable
 
 import ray
 
+import clients
+
 
 class StepTimeout(Exception):
     """A step's calls did not all finish within the job's deadline."""
@@ -120,10 +122,11 @@ STANDBY_ADMIT_WAIT_S = 2.0
 
 
 # A rollout rank's call that fails as one whose worker is gone (its node lost, its
-# process killed): with on_loss: continue its prompts go to the others.
-# (ActorUnavailableError, a worker not reachable for now, is one: the repair's verdict
-# tells a blip from a loss, and a rank that answers again serves again.)
-GONE = ray.exceptions.RayActorError
+# process killed), or that the group's push gave up on at the controller's verdict (its
+# host hung or cut off: clients.RanksLost): with on_loss: continue its prompts go to the
+# others. (ActorUnavailableError, a worker not reachable for now, is one: the repair's
+# verdict tells a blip from a loss, and a rank that answers again serves again.)
+GONE = (ray.exceptions.RayActorError, clients.RanksLost)
 
 
 def roll_out(

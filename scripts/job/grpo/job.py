@@ -168,7 +168,7 @@ class Job(Recovery):
                 try:
                     self._step(step)
                     break
-                except (ray.exceptions.RayError, StepTimeout) as e:
+                except (ray.exceptions.RayError, StepTimeout, clients.RanksLost) as e:
                     if attempt >= MAX_ATTEMPTS:
                         raise
                     self._recover_or_say(step, e)
