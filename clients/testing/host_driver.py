@@ -22,6 +22,10 @@ there, as a job on Ray alone would hold them. Then, per command:
   why it died (Ray's reason: its health checks, or ``placectl fenced the node: ...``);
 * ``free``: the GPUs Ray reports free on each alive node, by address;
 * ``quit``.
+
+``--mode restart`` kills the controller's process (Ray restarts it) and answers
+``{"event": "restarted", "seconds": ...}`` once the new one has recovered
+(:func:`restart_controller` runs it on the head).
 """
 
 from __future__ import annotations
@@ -247,14 +251,49 @@ class Driver:
                 self.proc.kill()
 
 
+def _restart(args) -> None:
+    """Kill the controller's process as a crash does (Ray restarts it) and wait until
+    the new one has recovered; ``{"event": "restarted", "seconds": ...}``."""
+    import clients
+
+    ctl = clients.connect(address=args.address)
+    before, started = ctl.check_alive(), time.monotonic()
+    ray.kill(ctl.handle, no_restart=False)
+    while time.monotonic() - started < 120:
+        try:
+            health = ctl.health()
+            if health["incarnation"] != before and health["recovered"]:
+                break
+        except Exception:  # the old process gone, the new one not answering yet
+            pass
+        time.sleep(0.2)
+    else:
+        _out("error", message="the controller did not come back within 120 s")
+        return
+    _out("restarted", seconds=round(time.monotonic() - started, 2))
+
+
+def restart_controller(hosts, timeout: float = 150.0) -> float:
+    """From the test's side: kill the controller from a process on the head (a driver
+    busy in a call cannot) and wait for the new one; the seconds it took."""
+    argv = [sys.executable, "-u", "-m", "clients.testing.host_driver", "--mode", "restart",
+            "--address", hosts.address]  # fmt: skip
+    proc = hosts.run(0, argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    out, _ = proc.communicate(timeout=timeout)
+    got = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if not got or got[-1]["event"] != "restarted":
+        raise RuntimeError(f"restarting the controller failed: {got or out[-2000:]}")
+    return got[-1]["seconds"]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--address", required=True)
-    p.add_argument("--mode", choices=["placectl", "plain"], default="placectl")
+    p.add_argument("--mode", choices=["placectl", "plain", "restart"], default="placectl")
     p.add_argument("--config", help="the job's configuration (placectl mode)")
     p.add_argument("--settings", help="the controller's settings, as JSON")
     args = p.parse_args(argv)
-    (_placectl if args.mode == "placectl" else _plain)(args)
+    {"placectl": _placectl, "plain": _plain, "restart": _restart}[args.mode](args)
 
 
 if __name__ == "__main__":

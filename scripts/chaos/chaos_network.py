@@ -16,6 +16,12 @@ Steps, drawn at random:
   controller suspects itself and moves nothing); no node lost.
 * ``reject``: a firewall on the head rejecting a job host (a TCP reset) for 5-10 s: a
   refusal that is the network's proves nothing; nothing moves.
+* ``flap``: a job host's link down 2-4 s and up 3-6 s, three or four times: nothing
+  fenced, no node lost; healed, nothing of a moved rank lives on it.
+* ``restart``: a job host cut off for 10-20 s and the controller killed 2-6 s after the
+  cut (before, during or after the slot's move), ``repair()`` in flight: as a blip, and
+  once healed the restarted controller sweeps the host (a ``back`` event) if its ranks
+  moved.
 * ``head``: the head's own link down for 1-12 s, then back.
 * ``loss``: 30% of packets lost both ways on a host holding ranks, for 10 s.
 * ``crash``: a host holding ranks loses its power (every process killed at once, Ray
@@ -40,6 +46,7 @@ process tables, Ray's node table):
   no process of a moved rank lives on any host.
 
 Usage: scripts/chaos/chaos_network.py [--steps 50] [--seed 1] [--minutes 30] [--token]
+       [--kinds flap,restart]
 Prints every step and every violation; exits 1 on any.
 """
 
@@ -54,16 +61,21 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
+from clients.testing import host_driver
 from clients.testing import hosts as harness
 from clients.testing.host_driver import Driver
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "integration" / "data" / "network.yaml"
+# The draw: each kind as often as it is named.
+KINDS = ["cut", "cut", "crash", "drain", "head", "loss", "blip", "blip", "split", "reject",
+         "flap", "restart"]  # fmt: skip
 
 
 class Run:
-    def __init__(self, hosts: harness.Hosts, seed: int) -> None:
+    def __init__(self, hosts: harness.Hosts, seed: int, kinds: list[str] = KINDS) -> None:
         self.hosts = hosts
+        self.kinds = kinds
         self.rng = random.Random(seed)
         self.driver = Driver(hosts, config=CONFIG)
         self.violations: list[str] = []
@@ -92,9 +104,7 @@ class Run:
             self.fail(step, f"two ranks in one process: {pids}")
 
     def step(self, n: int) -> None:
-        kind = self.rng.choice(
-            ["cut", "cut", "crash", "drain", "head", "loss", "blip", "blip", "split", "reject"]
-        )
+        kind = self.rng.choice(self.kinds)
         self.counts[kind] = self.counts.get(kind, 0) + 1
         before = self.answering()
         if not all(before):  # a violation before this step left ranks unanswering
@@ -131,6 +141,10 @@ class Run:
             self.unchanged(n, before, fenced)
         elif kind in ("blip", "split"):
             self.blip(n, before, fenced, split=kind == "split")
+        elif kind == "flap":
+            self.flap(n, before, fenced)
+        elif kind == "restart":
+            self.restart(n, before, fenced)
         elif kind == "drain":
             self.drain(n, before)
         else:
@@ -166,6 +180,59 @@ class Run:
         self.driver.send("repair")
         time.sleep(seconds)
         self.hosts.heal_all()
+        self.healed(n, before, fenced, nodes)
+
+    def flap(self, n: int, before: list, fenced: dict) -> None:
+        """A job host's link flapping: down 2-4 s, up 3-6 s, three or four times, the
+        driver's repair() sent at the first drop."""
+        victim = self.rng.choice(sorted({self.host_of(r["ip"]).index for r in before}))
+        nodes = {x["node"] for x in self.driver.ask("nodes")["nodes"] if x["alive"]}
+        count = self.rng.randint(3, 4)
+        cycles = [(self.rng.uniform(2, 4), self.rng.uniform(3, 6)) for _ in range(count)]
+        said = ", ".join(f"{down:.1f}s down {up:.1f}s up" for down, up in cycles)
+        print(f"step {n}: {self.hosts.hosts[victim].ip} flaps: {said}", flush=True)
+        for c, (down, up) in enumerate(cycles):
+            self.hosts.cut(victim)
+            if c == 0:
+                self.driver.send("repair")
+            time.sleep(down)
+            self.hosts.heal_all()
+            time.sleep(up)
+        self.healed(n, before, fenced, nodes)
+
+    def restart(self, n: int, before: list, fenced: dict) -> None:
+        """A job host cut off for 10-20 s (past the suspicion, short of the grace), and
+        the controller killed 2-6 s after the cut (before, during or after the slot's
+        move), the driver's repair() in flight; once healed, the restarted controller
+        must have kept the host's doubt: a ``back`` event for it, nothing fenced."""
+        victim = self.rng.choice(sorted({self.host_of(r["ip"]).index for r in before}))
+        ip = self.hosts.hosts[victim].ip
+        nodes = {x["node"] for x in self.driver.ask("nodes")["nodes"] if x["alive"]}
+        seconds, kill_at = self.rng.uniform(10, 20), self.rng.uniform(2, 6)
+        print(f"step {n}: {ip} cut off {seconds:.1f}s, the controller killed at {kill_at:.1f}s",
+              flush=True)  # fmt: skip
+        backs = self.backs(ip)
+        cut_at = time.monotonic()
+        self.hosts.cut(victim)
+        self.driver.send("repair")
+        time.sleep(kill_at)
+        took = host_driver.restart_controller(self.hosts)
+        print(f"  the controller back in {took}s", flush=True)
+        time.sleep(max(0.0, cut_at + seconds - time.monotonic()))
+        self.hosts.heal_all()
+        moved = self.healed(n, before, fenced, nodes)
+        if moved and self.backs(ip) == backs:  # its ranks moved: owed a sweep when back
+            self.fail(n, f"no 'back' event for {ip} after the restart and the heal")
+
+    def backs(self, ip: str) -> int:
+        return sum(
+            1 for kind, m in self.driver.ask("events")["events"] if kind == "back" and ip in m
+        )
+
+    def healed(self, n: int, before: list, fenced: dict, nodes: set) -> list:
+        """After a fault shorter than the grace, healed: nothing fenced, no node lost
+        but to Ray's own health checks, every moved rank's old process gone; the ranks
+        repair() relaunched."""
         got = self.driver.wait("repair", 240)
         print(f"  repaired {got['lost']} in {got['seconds']}s", flush=True)
         if self.driver.ask("health")["fenced"] != fenced:
@@ -193,6 +260,7 @@ class Run:
         if rebooted:  # all at once: the cluster is whole again only with every one back
             self.hosts.restart(*rebooted)
         time.sleep(30)  # Ray frees a healed host's moved groups once its GCS reaches it
+        return got["lost"]
 
     def only_they_left(self, n: int, before: list, doomed: list, victim, how: str) -> None:
         """No rank answers from ``victim`` any more, and the ranks not ``doomed`` are the
@@ -248,14 +316,19 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--minutes", type=float, default=30.0, help="stop after this long")
     ap.add_argument("--token", action="store_true", help="Ray's token authentication on")
+    ap.add_argument("--kinds", help="only these kinds of step, comma-separated (default all)")
     args = ap.parse_args()
+    kinds = args.kinds.split(",") if args.kinds else KINDS
+    if unknown := set(kinds) - set(KINDS):
+        sys.exit(f"chaos_network: --kinds {args.kinds!r}: {sorted(unknown)} unknown; "
+                 f"the kinds are {', '.join(sorted(set(KINDS)))}")  # fmt: skip
     why = harness.unavailable()
     if why is not None:
         sys.exit(f"chaos_network: cannot run hosts here: {why}")
     started = time.monotonic()
     env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)} if args.token else {}
     with harness.Hosts(workers=4, gpus=2, cpus=2, env=env) as hosts:
-        run = Run(hosts, args.seed)
+        run = Run(hosts, args.seed, kinds)
         done = 0
         try:
             for n in range(args.steps):
