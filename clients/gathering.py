@@ -14,6 +14,7 @@ alone: only a verdict or a move ends the wait.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,10 @@ from controller.errors import PlacementError
 # call to the controller.
 QUIET_S = 1.0
 SLICE_S = 0.05  # how often the wait checks the watcher's word between answers
+# How often the watcher looks. Its looks never wait on the controller (a long-poll): a
+# call in flight when the wait ends would outlive it, and a driver that goes on to
+# ray.shutdown() and connects anew (a head restart) then failed to start its node.
+LOOK_EVERY_S = 0.2
 
 
 class RanksLost(PlacementError):
@@ -134,18 +139,19 @@ class _Watcher:
 
     def _run(self) -> None:
         while not self._stopped.is_set():
-            try:
-                lost = dict(self._look(self._members, -1))
-            except Exception:  # the controller away for a moment: no word, no end
-                self._stopped.wait(SLICE_S * 10)
-                continue
-            self._lost = lost
+            # The controller away for a moment: no word, no end.
+            with contextlib.suppress(Exception):
+                self._lost = dict(self._look(self._members, -1))
+            self._stopped.wait(LOOK_EVERY_S)
 
     def lost(self) -> dict[int, str]:
         return dict(self._lost)
 
     def stop(self) -> None:
+        """End the looks, and wait for the one in flight: no call of the watcher's
+        outlives the wait it served."""
         self._stopped.set()
+        self._thread.join(timeout=30)
 
 
 __all__ = ["QUIET_S", "RanksLost", "gather"]

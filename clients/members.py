@@ -44,14 +44,17 @@ class ControllerLook:
     their nodes (waiting for one to change after the first look) and where the
     reservation puts each rank now (one read of its record)."""
 
-    def __init__(self, controller: Any, job: str, component: str, uid: str) -> None:
+    def __init__(
+        self, controller: Any, job: str, component: str, uid: str, wait_s: float = LOOK_WAIT_S
+    ) -> None:
         self._ctl, self._job, self._component, self._uid = controller, job, component, uid
         self._held: dict[str, str] | None = None
+        self._wait = wait_s  # how long a look after the first waits for a change
 
     def __call__(self, members: Sequence[str], own: int) -> dict[int, str]:
         from clients.reservation import Reservation
 
-        wait = LOOK_WAIT_S if self._held is not None else 0.0
+        wait = self._wait if self._held is not None else 0.0
         self._held = self._ctl.verdicts(self._job, list(set(members)), self._held, wait)
         record = self._ctl.record(self._job)
         now = None

@@ -71,7 +71,7 @@ class Serving:
         the rank is lost (:func:`clients.gathering.gather`)."""
         res = self.reservation
         members = [a.placement.node_id for a in self._roster.assignments]
-        look = ControllerLook(res.controller, res.job, self.component, res.uid)
+        look = ControllerLook(res.controller, res.job, self.component, res.uid, wait_s=0.0)
         return gathering.gather(refs, members, look, f"{res.job}/{self.component}", timeout)
 
     # ------------------------------------------------------------ running short
