@@ -203,7 +203,11 @@ def final(answer: str | None, node: str) -> bool:
     if node == MOVED:
         return True  # lost: its slot left the node; relaunched where the slot went
     if answer == OK:
-        return node != vd.SUSPECTED  # a suspect's slot is about to move: its verdict comes
+        # On a node silent to the controller, or suspected, the verdict is still to
+        # come: its slot may move though the rank answers again (a link back a moment
+        # before the suspicion), and a rank reported kept would then be lost behind
+        # the driver's back. On ``unknown`` only Ray's verdict comes: the answer stands.
+        return node not in (vd.SILENT, vd.SUSPECTED)
     return answer == DENIED and node == ALIVE  # Ray knows at once if it died there
 
 

@@ -84,6 +84,7 @@ def test_a_refusal_is_never_taken_for_an_answer():
     assert not final(DENIED, "silent") and not final(DENIED, "unknown")
     assert not final(OK, "dead")  # its node was fenced: lost, whatever it says
     assert final(DENIED, "alive") and final(OK, "alive") and final(OK, "unknown")
+    assert not final(OK, "silent") and not final(OK, "suspected")  # its verdict comes
     assert not final(SILENT, "alive") and not final(REFUSED, "alive")
 
 
@@ -168,6 +169,31 @@ def test_silent_ranks_on_a_cut_off_node_wait_for_its_verdict_then_are_lost(world
     assert hung == []  # never taken for hung: their node had no verdict yet
     assert world.verdicts()[cut] == "moved"
     assert world.fake.fenced == {}
+
+
+def test_ranks_that_answer_again_on_a_node_still_silent_wait_for_its_verdict(world):
+    """A link back a moment before the suspicion (found by chaos, a flapping host): the
+    ranks answer the driver again while the node is still silent to the controller,
+    whose suspicion then moves the slot and ends them. repair() must not report them
+    kept on the silence: it waits for the node's verdict (here the move), so that the
+    ranks it reports are the ranks the controller's move left."""
+    cut = world.slots[0]
+    world.in_loop(lambda: world.fake.cut.add(cut))
+    deadline = time.monotonic() + 5
+    while world.verdicts()[cut] != "silent":  # repair() called during the silence
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    seen: dict[str, str] = {}
+    hung = settle(
+        list(range(8)),
+        world.nodes,
+        ask_nodes=looks(_Asked(world), "j", world.nodes, seen),
+        ask_ranks=lambda ranks: dict.fromkeys(ranks, OK),  # every rank answers
+        dead=lambda: set(),
+        within=10.0,
+        say=lambda m: None,
+    )
+    assert hung == [] and seen[cut] == MOVED, seen  # judged on the move, not before
 
 
 class _Asked:
