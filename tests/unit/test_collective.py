@@ -126,7 +126,14 @@ def test_a_hung_peer_ends_the_survivors_call_at_its_verdict_and_they_reform_with
         got = _until(out, lambda g: len([x for x in g if x["event"] == "refused"]) == 2)
         lost = [x for x in got if x["event"] == "lost"]
         assert sorted(x["rank"] for x in lost) == [0, 1]
-        assert all(x["ranks"] == {"2": "its node node-c is suspected"} for x in lost)
+        # Each survivor hears it from its own look, or (a loaded machine, its look a
+        # moment late) from the other's word in the store: the same rank, the same why.
+        for x in lost:
+            assert list(x["ranks"]) == ["2"], x
+            assert x["ranks"]["2"] in (
+                "its node node-c is suspected",
+                *(f"its node node-c is suspected, said by rank {r}" for r in (0, 1)),
+            ), x
         assert all(x["at"] - said < 1.0 for x in lost), [x["at"] - said for x in lost]
         assert "generation 1.0" in lost[0]["message"]
         # The replacement (a new process for rank 2) forms the next generation with
